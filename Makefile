@@ -1,0 +1,95 @@
+# warmgate: run `make help` for the targets.
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-print-directory
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP_CACHE ?= $(HOME)/.cache/pip
+PYTEST_ARGS ?=
+EXAMPLE ?= examples/minilm.yaml
+K8S_VERSION ?= v1.36.3
+ETCD_VERSION ?= v3.6.16
+HELM_VERSION ?= v3.21.4
+export K8S_VERSION ETCD_VERSION HELM_VERSION
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+STAMP := $(VENV)/.installed
+
+##@ Quick start
+
+.PHONY: up
+up: install k8s-bin ## Start the devcluster, the operator and a sample EmbeddingService; print a curl
+	$(PY) -m warmgate_devcluster up --with-operator --example $(EXAMPLE)
+
+.PHONY: down
+down: ## Stop everything `make up` started
+	@if [[ -x $(PY) ]]; then $(PY) -m warmgate_devcluster down; else echo "nothing to stop"; fi
+
+.PHONY: test
+test: install k8s-bin ## Run every test (unit, server, devcluster, operator, end to end)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+##@ Development
+
+.PHONY: install
+install: $(STAMP) ## Create $(VENV) and install warmgate with its test tools
+
+$(STAMP): pyproject.toml constraints.txt
+	@[[ -x $(PY) ]] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --cache-dir $(PIP_CACHE) -c constraints.txt -e '.[test]'
+	@touch $@
+
+.PHONY: k8s-bin
+k8s-bin: ## Build (once, cached in ~/.cache/warmgate) etcd, kube-apiserver, controllers, kubectl, helm
+	@tools/k8s-bin.sh >/dev/null
+
+.PHONY: lint
+lint: install ## ruff check and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+.PHONY: fmt
+fmt: install ## Format the code with ruff
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+.PHONY: test-unit
+test-unit: install ## Only the fast tests that need no cluster
+	$(PY) -m pytest -m 'not cluster and not e2e and not slow' $(PYTEST_ARGS)
+
+.PHONY: test-e2e
+test-e2e: install k8s-bin ## Only the end-to-end tests (devcluster + operator + real servers)
+	$(PY) -m pytest -m e2e $(PYTEST_ARGS)
+
+.PHONY: status
+status: ## Show what the devcluster is running
+	$(PY) -m warmgate_devcluster status
+
+##@ Benchmarks
+
+.PHONY: bench-server
+bench-server: install ## Cold vs warm first requests; throughput vs sentence-transformers and Infinity
+	$(PY) bench/server/bench_server.py
+
+.PHONY: bench-operator
+bench-operator: install k8s-bin ## Reconcile 200 EmbeddingServices against a real apiserver
+	$(PY) bench/operator/bench_operator.py
+
+##@ Housekeeping
+
+.PHONY: clean
+clean: down ## Remove the venv, devcluster state and caches in the checkout
+	rm -rf $(VENV) .devcluster .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m [VAR=value]\n"} \
+	  /^[a-zA-Z0-9_-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } \
+	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+	@printf "\nVariables (override with VAR=value): PYTHON VENV PYTEST_ARGS EXAMPLE K8S_VERSION ETCD_VERSION HELM_VERSION\n"
