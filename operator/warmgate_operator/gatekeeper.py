@@ -1,0 +1,287 @@
+"""The warm gate in motion: one worker per gated pod fetches its `/ready` report, judges it
+(`gate`), optionally times a verification request, and patches the pod's `warmgate.dev/warmed`
+condition. Kubelet makes the pod Ready only once that condition is True, so no pod receives
+traffic before the operator has seen it warm.
+
+Workers live in memory, keyed by pod uid: kopf timers and daemons would put finalizers on pods,
+and the gate must never block a pod's deletion. Pod watch events (`observe`) start, feed and
+stop them; after a restart of the operator the watch's initial listing starts them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import aiohttp
+
+from . import gate
+
+log = logging.getLogger("warmgate.gate")
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """How the gatekeeper probes pods (operator-wide settings)."""
+
+    report_timeout_seconds: float = 5.0
+    # Retry backoff for a pod whose report does not pass yet: first, factor, cap.
+    backoff_initial_seconds: float = 1.0
+    backoff_factor: float = 2.0
+    backoff_max_seconds: float = 30.0
+    # How often a verified pod's report is fetched again to catch a regression.
+    recheck_seconds: float = 30.0
+    # A timed verification request passes within factor x steady latency + slack.
+    verify_factor: float = 3.0
+    verify_slack_ms: float = 100.0
+    verify_text: str = "warmgate verification request"
+
+
+class PodStatusWriter(Protocol):
+    async def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> None: ...
+
+
+EventSink = Callable[[Mapping[str, Any], str, str, str], None]
+"""(pod, type 'Normal'|'Warning', reason, message) -> None"""
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pod_address(pod: Mapping[str, Any]) -> str | None:
+    return pod.get("status", {}).get("podIP")
+
+
+class ReportClient:
+    """Fetches `/ready` and times a verification request over plain HTTP to the pod's IP."""
+
+    def __init__(self, session: aiohttp.ClientSession, config: GateConfig) -> None:
+        self._session = session
+        self._config = config
+
+    async def report(self, host: str, port: int) -> tuple[int, Any]:
+        timeout = aiohttp.ClientTimeout(total=self._config.report_timeout_seconds)
+        async with self._session.get(f"http://{host}:{port}/ready", timeout=timeout) as response:
+            try:
+                body = await response.json(content_type=None)
+            except (ValueError, aiohttp.ContentTypeError):
+                body = None
+            return response.status, body
+
+    async def time_request(self, host: str, port: int, batch_size: int) -> float:
+        """Milliseconds for one `/embed` request of `batch_size` short inputs."""
+        timeout = aiohttp.ClientTimeout(total=self._config.report_timeout_seconds)
+        payload = {"inputs": [self._config.verify_text] * batch_size}
+        started = time.perf_counter()
+        async with self._session.post(
+            f"http://{host}:{port}/embed", json=payload, timeout=timeout
+        ) as response:
+            await response.read()
+            response.raise_for_status()
+        return (time.perf_counter() - started) * 1000.0
+
+
+@dataclass
+class _Worker:
+    pod: Mapping[str, Any]
+    task: asyncio.Task | None = None
+    wake: asyncio.Event | None = None
+
+
+class Gatekeeper:
+    """Owns the per-pod workers. `observe` is called with every pod watch event."""
+
+    def __init__(
+        self,
+        writer: PodStatusWriter,
+        reports: ReportClient,
+        events: EventSink,
+        config: GateConfig,
+        verify_latency: Callable[[Mapping[str, Any]], bool] = lambda pod: False,
+    ) -> None:
+        self._writer = writer
+        self._reports = reports
+        self._events = events
+        self._config = config
+        self._verify_latency = verify_latency
+        self._workers: dict[str, _Worker] = {}
+
+    @property
+    def active(self) -> int:
+        return sum(1 for worker in self._workers.values() if worker.task and not worker.task.done())
+
+    def observe(self, event_type: str | None, pod: Mapping[str, Any]) -> None:
+        uid = pod.get("metadata", {}).get("uid")
+        if not uid or not gate.has_gate(pod):
+            return
+        if event_type == "DELETED" or pod.get("metadata", {}).get("deletionTimestamp"):
+            self._stop(uid)
+            return
+        worker = self._workers.get(uid)
+        if worker is None:
+            worker = self._workers[uid] = _Worker(pod=pod, wake=asyncio.Event())
+        worker.pod = pod
+        if worker.task is None or worker.task.done():
+            worker.task = asyncio.create_task(self._run(uid), name=f"warm-gate/{uid}")
+        assert worker.wake is not None
+        worker.wake.set()
+
+    def _stop(self, uid: str) -> None:
+        worker = self._workers.pop(uid, None)
+        if worker and worker.task and not worker.task.done():
+            worker.task.cancel()
+
+    async def close(self) -> None:
+        tasks = [w.task for w in self._workers.values() if w.task and not w.task.done()]
+        self._workers.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _run(self, uid: str) -> None:
+        backoff = self._config.backoff_initial_seconds
+        last_warning: str | None = None
+        while uid in self._workers:
+            worker = self._workers[uid]
+            assert worker.wake is not None
+            worker.wake.clear()
+            pod = worker.pod
+            try:
+                delay, warning = await self._step(pod, backoff)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # an apiserver hiccup must not kill the worker
+                log.warning("warm gate step failed for %s: %s", _name(pod), error)
+                delay, warning = backoff, None
+            if warning and warning != last_warning:
+                reason, message = warning.split("\0", 1)
+                self._events(pod, "Warning", reason, message)
+            last_warning = warning
+            if delay is None:
+                backoff = self._config.backoff_initial_seconds
+                delay = self._config.recheck_seconds
+            else:
+                backoff = min(
+                    backoff * self._config.backoff_factor, self._config.backoff_max_seconds
+                )
+            # Sleep until the retry is due or the pod changes, whichever comes first.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(worker.wake.wait(), timeout=delay)
+
+    async def _step(
+        self, pod: Mapping[str, Any], backoff: float
+    ) -> tuple[float | None, str | None]:
+        """One look at the pod. Returns (retry delay or None when settled, warning to emit)."""
+        existing = gate.condition(pod)
+        restarts = gate.restart_count(pod)
+        verified = bool(existing and existing.get("status") == "True")
+        if verified and gate.restarted_since_verified(pod):
+            verdict = gate.Verdict(
+                False,
+                gate.REASON_RESTARTED,
+                "a container restarted after the warmup was verified; verifying the new process",
+            )
+            await self._write(pod, verdict, restarts, existing)
+            return backoff, None
+        if not gate.containers_ready(pod):
+            if verified:
+                verdict = gate.Verdict(
+                    False, gate.REASON_NOT_READY, "the server stopped reporting ready"
+                )
+                await self._write(pod, verdict, restarts, existing)
+            # Kubelet's readiness probe has not passed yet; the next pod event wakes us.
+            return self._config.backoff_max_seconds, None
+        expected = gate.expectation_for(pod)
+        host = pod_address(pod)
+        if expected is None or host is None:
+            return None, None
+        try:
+            _, report = await self._reports.report(host, expected.port)
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            if verified:  # a transient blip on a serving pod; kubelet's probes own liveness
+                return backoff, None
+            verdict = gate.Verdict(False, gate.REASON_UNREACHABLE, f"GET /ready failed: {error}")
+            await self._write(pod, verdict, restarts, existing)
+            return backoff, None
+        verdict = gate.evaluate_report(report, expected)
+        if verdict.passed and self._verify_latency(pod) and verdict.probe_shape:
+            verdict = await self._verify(host, expected.port, verdict)
+        if verified and verdict.passed:
+            return None, None
+        await self._write(pod, verdict, restarts, existing)
+        if verdict.passed:
+            log.info("pod %s warm gate open: %s", _name(pod), verdict.message)
+            return None, None
+        warning = f"{verdict.reason}\0{_name(pod)}: {verdict.message}"
+        quiet = verdict.reason == gate.REASON_NOT_READY
+        return backoff, None if quiet else warning
+
+    async def _verify(self, host: str, port: int, verdict: gate.Verdict) -> gate.Verdict:
+        assert verdict.probe_shape is not None
+        batch_size = verdict.probe_shape[0]
+        try:
+            measured = await self._reports.time_request(host, port, batch_size)
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            return gate.Verdict(False, gate.REASON_UNREACHABLE, f"verification request: {error}")
+        steady = verdict.steady_ms or 0.0
+        if gate.verification_passes(
+            measured, steady, self._config.verify_factor, self._config.verify_slack_ms
+        ):
+            return gate.Verdict(
+                True,
+                verdict.reason,
+                f"{verdict.message}; verification {measured:.1f} ms vs steady {steady:.1f} ms",
+                warmup_seconds=verdict.warmup_seconds,
+            )
+        return gate.Verdict(
+            False,
+            gate.REASON_TOO_SLOW,
+            f"verification request took {measured:.1f} ms, steady is {steady:.1f} ms",
+        )
+
+    async def _write(
+        self,
+        pod: Mapping[str, Any],
+        verdict: gate.Verdict,
+        restarts: int,
+        existing: Mapping[str, Any] | None,
+    ) -> None:
+        desired = gate.desired_condition(verdict, restarts, existing, _now())
+        if not gate.condition_changed(existing, desired):
+            return
+        meta = pod["metadata"]
+        body = gate.status_patch(desired, meta.get("resourceVersion"))
+        await self._writer.patch_status(meta["namespace"], meta["name"], body)
+        if verdict.passed:
+            self._events(pod, "Normal", verdict.reason, verdict.message)
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata", {})
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+class KubernetesPodStatusWriter:
+    """Patches `pods/<name>/status` with a strategic-merge patch (conditions merge by type)
+    through the official client, off the event loop."""
+
+    def __init__(self, core_api: Any) -> None:
+        self._core = core_api
+
+    async def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        await asyncio.to_thread(
+            self._core.patch_namespaced_pod_status,
+            name,
+            namespace,
+            body,
+            _content_type="application/strategic-merge-patch+json",
+        )

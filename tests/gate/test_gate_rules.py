@@ -1,0 +1,229 @@
+"""The warm gate's judgement (pure): what opens the gate and what keeps it shut."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from warmgate_operator import gate
+
+ARGS = [
+    "--model",
+    "sentence-transformers/all-MiniLM-L6-v2",
+    "--model-revision",
+    "v2",
+    "--warmup-batch-sizes",
+    "1,8,32",
+    "--sequence-buckets",
+    "32,64,128,256",
+    "--max-batch-tokens=4096",
+    "--max-batch-size",
+    "32",
+    "--warmup",
+]
+
+
+def make_pod(
+    args=None, env=None, conditions=None, ready=True, restarts=0, started="2026-11-29T10:00:00Z"
+):
+    return {
+        "metadata": {"name": "minilm-abc", "namespace": "ns", "uid": "u1", "resourceVersion": "7"},
+        "spec": {
+            "readinessGates": [{"conditionType": gate.WARMED_CONDITION}],
+            "containers": [
+                {
+                    "name": "server",
+                    "args": list(ARGS if args is None else args),
+                    "env": env or [],
+                    "ports": [{"name": "http", "containerPort": 8080}],
+                }
+            ],
+        },
+        "status": {
+            "podIP": "127.0.1.5",
+            "conditions": conditions or [],
+            "containerStatuses": [
+                {
+                    "name": "server",
+                    "ready": ready,
+                    "restartCount": restarts,
+                    "state": {"running": {"startedAt": started}},
+                }
+            ],
+        },
+    }
+
+
+def shapes(pairs, steady=2.0):
+    return [{"batch_size": b, "seq_len": s, "steady_ms": steady, "runs": 3} for b, s in pairs]
+
+
+EXPECTED_GRID = {(b, s) for b in (1, 8, 32) for s in (32, 64, 128, 256) if b * s <= 4096}
+
+
+def make_report(**overrides):
+    report = {
+        "phase": "ready",
+        "ready": True,
+        "model": {"id": "sentence-transformers/all-MiniLM-L6-v2", "revision": "v2"},
+        "device": "cpu",
+        "dtype": "float32",
+        "planned_shapes": [{"batch_size": b, "seq_len": s} for b, s in sorted(EXPECTED_GRID)],
+        "warmed_shapes": shapes(sorted(EXPECTED_GRID)),
+        "progress": {"done": len(EXPECTED_GRID), "total": len(EXPECTED_GRID)},
+        "warmup_seconds": 4.2,
+        "error": None,
+    }
+    report.update(overrides)
+    return report
+
+
+def test_expectation_is_read_from_the_pods_own_flags():
+    expected = gate.expectation_for(make_pod())
+    assert expected.model_id == "sentence-transformers/all-MiniLM-L6-v2"
+    assert expected.revision == "v2"
+    assert expected.port == 8080
+    # 32 x 256 = 8192 tokens is over the 4096 budget, so the server never runs it.
+    assert (32, 256) not in expected.required_shapes
+    assert expected.required_shapes == EXPECTED_GRID
+
+
+def test_flags_win_over_environment_twins():
+    env = [
+        {"name": "WARMGATE_MODEL_REVISION", "value": "from-env"},
+        {"name": "WARMGATE_PORT", "value": "9000"},
+    ]
+    expected = gate.expectation_for(make_pod(env=env))
+    assert expected.revision == "v2"
+    assert expected.port == 9000
+
+
+def test_a_complete_report_opens_the_gate():
+    verdict = gate.evaluate_report(make_report(), gate.expectation_for(make_pod()))
+    assert verdict.passed
+    assert verdict.reason == gate.REASON_VERIFIED
+    assert "4.2s" in verdict.message
+    assert verdict.probe_shape == (1, 32)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"phase": "warming", "progress": {"done": 3, "total": 11}}, gate.REASON_NOT_READY),
+        ({"phase": "failed", "error": "CUDA out of memory"}, gate.REASON_FAILED),
+        ({"model": {"id": "other/model", "revision": "v2"}}, gate.REASON_MODEL_MISMATCH),
+        (
+            {"model": {"id": "sentence-transformers/all-MiniLM-L6-v2", "revision": "v1"}},
+            gate.REASON_REVISION_MISMATCH,
+        ),
+        ({"warmed_shapes": shapes([(1, 32)])}, gate.REASON_SHAPES_MISSING),
+        ({"planned_shapes": "lots"}, gate.REASON_BAD_REPORT),
+    ],
+)
+def test_reports_that_keep_the_gate_shut(overrides, reason):
+    verdict = gate.evaluate_report(make_report(**overrides), gate.expectation_for(make_pod()))
+    assert not verdict.passed
+    assert verdict.reason == reason
+    assert verdict.message
+
+
+def test_the_report_cannot_shrink_the_plan_the_pod_asked_for():
+    # A server that plans (and warms) fewer shapes than its flags require is not let through.
+    few = [(1, 32), (8, 32)]
+    report = make_report(
+        planned_shapes=[{"batch_size": b, "seq_len": s} for b, s in few],
+        warmed_shapes=shapes(few),
+    )
+    verdict = gate.evaluate_report(report, gate.expectation_for(make_pod()))
+    assert verdict.reason == gate.REASON_SHAPES_MISSING
+    assert "not warmed" in verdict.message
+
+
+def test_observed_profile_shapes_must_be_warm_too():
+    report = make_report()
+    report["planned_shapes"].append({"batch_size": 4, "seq_len": 64})
+    verdict = gate.evaluate_report(report, gate.expectation_for(make_pod()))
+    assert verdict.reason == gate.REASON_SHAPES_MISSING
+    assert "4x64" in verdict.message
+
+
+def test_not_json_object_is_an_invalid_report():
+    verdict = gate.evaluate_report(["ready"], gate.expectation_for(make_pod()))
+    assert verdict.reason == gate.REASON_BAD_REPORT
+
+
+def test_condition_keeps_transition_time_when_status_stays():
+    verdict = gate.evaluate_report(make_report(), gate.expectation_for(make_pod()))
+    first = gate.desired_condition(verdict, 0, None, "2026-11-29T10:00:05Z")
+    again = gate.desired_condition(verdict, 0, first, "2026-11-29T10:09:00Z")
+    assert again["lastTransitionTime"] == "2026-11-29T10:00:05Z"
+    assert not gate.condition_changed(first, again)
+    shut = gate.desired_condition(
+        gate.Verdict(False, gate.REASON_RESTARTED, "restarted"), 1, first, "2026-11-29T10:10:00Z"
+    )
+    assert shut["lastTransitionTime"] == "2026-11-29T10:10:00Z"
+    assert gate.condition_changed(first, shut)
+
+
+def test_status_patch_touches_only_our_condition_and_guards_the_version():
+    desired = gate.desired_condition(
+        gate.Verdict(True, gate.REASON_VERIFIED, "ok"), 0, None, "2026-11-29T10:00:05Z"
+    )
+    body = gate.status_patch(desired, "42")
+    assert body["metadata"] == {"resourceVersion": "42"}
+    assert [c["type"] for c in body["status"]["conditions"]] == [gate.WARMED_CONDITION]
+
+
+def verified_pod(restarts_in_message, restarts_now, started):
+    verified = {
+        "type": gate.WARMED_CONDITION,
+        "status": "True",
+        "reason": gate.REASON_VERIFIED,
+        "message": f"ok (restarts={restarts_in_message})",
+        "lastTransitionTime": "2026-11-29T10:00:05Z",
+    }
+    return make_pod(conditions=[verified], restarts=restarts_now, started=started)
+
+
+def test_a_container_restart_after_verification_resets_the_gate():
+    assert not gate.restarted_since_verified(verified_pod(0, 0, "2026-11-29T10:00:00Z"))
+    assert gate.restarted_since_verified(verified_pod(0, 1, "2026-11-29T10:00:00Z"))
+    assert gate.restarted_since_verified(verified_pod(0, 0, "2026-11-29T10:05:00Z"))
+    # restarts=1 must not match restarts=11
+    assert gate.restarted_since_verified(verified_pod(1, 11, "2026-11-29T10:00:00Z"))
+
+
+def test_pods_without_the_gate_or_without_a_server_are_ignored():
+    pod = make_pod()
+    pod["spec"]["readinessGates"] = []
+    assert not gate.has_gate(pod)
+    assert gate.expectation_for(make_pod(args=["--port", "8080"])) is None
+
+
+@given(
+    batch_sizes=st.lists(st.integers(1, 64), min_size=1, max_size=5, unique=True),
+    buckets=st.lists(st.integers(8, 512), min_size=1, max_size=5, unique=True),
+    budget=st.integers(8, 20000),
+    max_batch=st.integers(1, 64),
+)
+def test_planned_grid_stays_within_the_budget(batch_sizes, buckets, budget, max_batch):
+    grid = gate.planned_grid(batch_sizes, buckets, budget, max_batch)
+    for batch, bucket in grid:
+        assert batch * bucket <= budget
+        assert batch <= max_batch
+    every = {(b, s) for b in batch_sizes for s in buckets if b * s <= budget and b <= max_batch}
+    assert grid == every
+
+
+def test_verification_allows_round_trip_slack_but_not_a_cold_request():
+    assert gate.verification_passes(measured_ms=25.0, steady_ms=5.0, factor=3.0, slack_ms=20.0)
+    assert not gate.verification_passes(measured_ms=900.0, steady_ms=5.0, factor=3.0, slack_ms=20.0)
+
+
+def test_evaluate_does_not_mutate_the_report():
+    report = make_report()
+    before = copy.deepcopy(report)
+    gate.evaluate_report(report, gate.expectation_for(make_pod()))
+    assert report == before
