@@ -70,6 +70,10 @@ test-e2e: install k8s-bin ## Only the end-to-end tests (devcluster + operator + 
 status: ## Show what the devcluster is running
 	$(PY) -m warmgate_devcluster status
 
+.PHONY: chart-sync
+chart-sync: install ## Copy the CRD and the operator's RBAC rules into the Helm chart
+	$(PY) tools/sync-chart.py
+
 ##@ Benchmarks
 
 .PHONY: bench-server
