@@ -238,6 +238,11 @@ def containers_ready(pod: Mapping[str, Any]) -> bool:
     return bool(statuses) and len(statuses) == expected and all(s.get("ready") for s in statuses)
 
 
+def container_running(pod: Mapping[str, Any]) -> bool:
+    statuses = pod.get("status", {}).get("containerStatuses", []) or []
+    return bool(statuses) and all((s.get("state") or {}).get("running") for s in statuses)
+
+
 def restart_count(pod: Mapping[str, Any]) -> int:
     statuses = pod.get("status", {}).get("containerStatuses", []) or []
     return sum(int(s.get("restartCount", 0)) for s in statuses)

@@ -192,16 +192,29 @@ class Gatekeeper:
             )
             await self._write(pod, verdict, restarts, existing)
             return backoff, None
+        expected = gate.expectation_for(pod)
+        host = pod_address(pod)
         if not gate.containers_ready(pod):
             if verified:
                 verdict = gate.Verdict(
                     False, gate.REASON_NOT_READY, "the server stopped reporting ready"
                 )
                 await self._write(pod, verdict, restarts, existing)
-            # Kubelet's readiness probe has not passed yet; the next pod event wakes us.
-            return self._config.backoff_max_seconds, None
-        expected = gate.expectation_for(pod)
-        host = pod_address(pod)
+                return backoff, None
+            if expected is None or host is None or not gate.container_running(pod):
+                # Not started yet; the next pod event wakes us.
+                return self._config.backoff_max_seconds, None
+            # Running but not ready: loading, warming, or failed. Only a failure is news: say
+            # why on the pod and in an Event, so a stalled rollout explains itself.
+            try:
+                _, report = await self._reports.report(host, expected.port)
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                return backoff, None
+            verdict = gate.evaluate_report(report, expected)
+            if verdict.reason != gate.REASON_FAILED:
+                return backoff, None
+            await self._write(pod, verdict, restarts, existing)
+            return backoff, f"{verdict.reason}\0{_name(pod)}: {verdict.message}"
         if expected is None or host is None:
             return None, None
         try:

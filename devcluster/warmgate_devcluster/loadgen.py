@@ -1,0 +1,177 @@
+"""A constant-rate HTTP load generator that records who answered each request.
+
+Used by the end-to-end tests and `make bench-rollout`: it sends embedding requests at a fixed
+rate (open loop: a slow answer does not slow the sender, as with real users), and keeps, per
+request, the status, latency, and the server's `X-Warmgate-Revision`, `X-Warmgate-Cold` and
+`X-Warmgate-Pod` headers. Only loopback targets are accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import statistics
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import aiohttp
+
+
+@dataclass(frozen=True)
+class Sample:
+    started: float  # seconds since the load began
+    latency_ms: float
+    status: int  # 0 when the connection failed
+    revision: str | None
+    cold: bool | None
+    pod: str | None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+
+@dataclass
+class LoadReport:
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Sample]:
+        return [s for s in self.samples if not s.ok]
+
+    @property
+    def cold(self) -> list[Sample]:
+        return [s for s in self.samples if s.cold]
+
+    def revisions_in_order(self) -> list[str]:
+        """Distinct revisions in the order they first answered."""
+        seen: list[str] = []
+        for sample in sorted(self.samples, key=lambda s: s.started):
+            if sample.revision and sample.revision not in seen:
+                seen.append(sample.revision)
+        return seen
+
+    def between(self, start: float, end: float) -> list[Sample]:
+        return [s for s in self.samples if start <= s.started < end]
+
+    @staticmethod
+    def percentile(samples: Iterable[Sample], q: float) -> float | None:
+        latencies = sorted(s.latency_ms for s in samples if s.ok)
+        if not latencies:
+            return None
+        if len(latencies) == 1:
+            return latencies[0]
+        return statistics.quantiles(latencies, n=100, method="inclusive")[int(q) - 1]
+
+
+def _check_loopback(url: str) -> None:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return
+    if not ipaddress.ip_address(host).is_loopback:
+        raise ValueError(f"load may only target loopback addresses, not {host}")
+
+
+class ConstantRateLoad:
+    """Send `rate` requests a second to `url` until stopped (or `max_seconds` pass).
+
+    Runs its own event loop in a thread so that synchronous tests can drive it:
+    `with ConstantRateLoad(url, rate=20) as load: ...; report = load.report`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        rate: float = 20.0,
+        payload: dict | None = None,
+        timeout_seconds: float = 30.0,
+        max_seconds: float = 900.0,
+    ) -> None:
+        _check_loopback(url)
+        self.url = url
+        self.rate = rate
+        self.payload = payload or {"input": "warm models answer fast", "model": None}
+        if self.payload.get("model") is None:
+            self.payload = {k: v for k, v in self.payload.items() if k != "model"}
+        self.timeout_seconds = timeout_seconds
+        self.max_seconds = max_seconds
+        self.report = LoadReport()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    def __enter__(self) -> ConstantRateLoad:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> LoadReport:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout_seconds + 10)
+        return self.report
+
+    async def _one(self, session: aiohttp.ClientSession, started: float) -> None:
+        begin = time.perf_counter()
+        try:
+            async with session.post(self.url, json=self.payload) as response:
+                await response.read()
+                cold = response.headers.get("X-Warmgate-Cold")
+                sample = Sample(
+                    started=started,
+                    latency_ms=(time.perf_counter() - begin) * 1000.0,
+                    status=response.status,
+                    revision=response.headers.get("X-Warmgate-Revision"),
+                    cold=None if cold is None else cold == "1",
+                    pod=response.headers.get("X-Warmgate-Pod"),
+                )
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            sample = Sample(
+                started=started,
+                latency_ms=(time.perf_counter() - begin) * 1000.0,
+                status=0,
+                revision=None,
+                cold=None,
+                pod=None,
+                error=f"{type(error).__name__}: {error}",
+            )
+        self.report.samples.append(sample)
+
+    async def _main(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.timeout_seconds)
+        # A fresh connection per request, like many independent clients behind the Service:
+        # a kept-alive connection would pin one backend and hide a rollout's switch-over.
+        connector = aiohttp.TCPConnector(force_close=True)
+        tasks: set[asyncio.Task] = set()
+        async with aiohttp.ClientSession(
+            timeout=timeout, connector=connector, trust_env=False
+        ) as session:
+            interval = 1.0 / self.rate
+            next_at = time.monotonic()
+            while not self._stop.is_set() and self.elapsed() < self.max_seconds:
+                now = time.monotonic()
+                if now < next_at:
+                    await asyncio.sleep(next_at - now)
+                    continue
+                task = asyncio.create_task(self._one(session, self.elapsed()))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                next_at += interval
+            if tasks:
+                with contextlib.suppress(Exception):
+                    await asyncio.gather(*tasks)

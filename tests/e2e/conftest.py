@@ -1,0 +1,33 @@
+"""End-to-end fixtures: the CRD installed in the devcluster and the operator as a real process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from e2e_support import CRD, Kube, OperatorProcess
+
+
+@pytest.fixture(scope="session")
+def crd(devcluster) -> None:
+    devcluster.kubectl("apply", "--server-side", "-f", str(CRD))
+    devcluster.kubectl(
+        "wait", "--for=condition=Established", "crd/embeddingservices.warmgate.dev", "--timeout=60s"
+    )
+
+
+@pytest.fixture
+def kube(devcluster, namespace, crd) -> Kube:
+    return Kube(devcluster, namespace)
+
+
+@pytest.fixture
+def operator(devcluster, namespace, crd, tmp_path) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(devcluster, namespace, tmp_path / "operator.log")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        if process.process is not None and process.process.returncode not in (0, -15):
+            print(process.log()[-5000:])
