@@ -74,6 +74,10 @@ status: ## Show what the devcluster is running
 chart-sync: install ## Copy the CRD and the operator's RBAC rules into the Helm chart
 	$(PY) tools/sync-chart.py
 
+.PHONY: docs
+docs: install ## Regenerate docs/api-reference.md from the CRD
+	$(PY) tools/gen-api-docs.py
+
 ##@ Benchmarks
 
 .PHONY: bench-server

@@ -1,0 +1,45 @@
+"""Documentation that is generated or copied must not drift from its source."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+gen_api_docs = __import__("gen-api-docs")
+
+
+def test_api_reference_is_generated_from_the_current_crd():
+    assert (ROOT / "docs" / "api-reference.md").read_text() == gen_api_docs.render(), (
+        "docs/api-reference.md is stale: run make docs"
+    )
+
+
+def test_every_crd_field_has_a_description():
+    crd = yaml.safe_load((ROOT / "crds" / "warmgate.dev_embeddingservices.yaml").read_text())
+    missing: list[str] = []
+
+    def walk(schema: dict, path: str) -> None:
+        if not schema.get("description"):
+            missing.append(path)
+        for name, child in (schema.get("properties") or {}).items():
+            walk(child, f"{path}.{name}")
+        items = schema.get("items")
+        if isinstance(items, dict) and items.get("properties"):
+            for name, child in items["properties"].items():
+                walk(child, f"{path}[].{name}")
+
+    for version in crd["spec"]["versions"]:
+        spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        walk(spec, "spec")
+    assert not missing, f"fields without a description (kubectl explain shows nothing): {missing}"
+
+
+def test_readme_quick_start_has_exactly_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in block.strip().splitlines()]
+    assert commands == ["make up", "make test"]
