@@ -1,0 +1,172 @@
+"""pytest fixtures: `devcluster` (one whole cluster per test session, in a temporary state
+folder) and `namespace` (a fresh namespace per test). Enable with
+
+    pytest_plugins = ["warmgate_devcluster.pytest_plugin"]
+
+The cluster takes its own pod-IP block and NodePort window, so it does not collide with a
+`make up` cluster running at the same time. Missing binaries are built (tools/k8s-bin.sh);
+nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from warmgate_devcluster.cluster import DevCluster
+from warmgate_devcluster.config import ClusterConfig
+
+
+@dataclass
+class DevClusterHandle:
+    """What tests get from the `devcluster` fixture."""
+
+    cluster: DevCluster
+    kubeconfig: str
+    env: dict[str, str]
+    bin_dir: Path
+    state_dir: Path
+    start_seconds: float = 0.0
+    _clients: list = field(default_factory=list)
+
+    @property
+    def config(self) -> ClusterConfig:
+        return self.cluster.config
+
+    @property
+    def node_name(self) -> str:
+        return self.cluster.config.node_name
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120.0
+    ) -> subprocess.CompletedProcess:
+        """Run the built kubectl against this cluster; output captured as text."""
+        return subprocess.run(
+            [str(self.bin_dir / "kubectl"), *args],
+            env=self.env,
+            input=input,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
+        )
+
+    def api_client(self):
+        """A kubernetes.client.ApiClient configured from the admin kubeconfig."""
+        client = self.cluster.api_client()
+        self._clients.append(client)
+        return client
+
+    def pids(self) -> list[int]:
+        """Every pid the cluster recorded: control plane, agents and pod processes."""
+        return self.cluster.all_pids()
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.close()
+
+
+SLOTS = range(2, 15)  # 13 slots; the default (`make up`) cluster uses block 1 (127.0.16.0/20)
+_LOCK_DIR = Path(tempfile.gettempdir()) / "warmgate-devcluster-slots"
+
+
+@dataclass
+class Slot:
+    """A pod-IP block and NodePort window no other test session on this machine holds.
+    The lock is a flock, so it goes away with the process that holds it, however it ends."""
+
+    index: int
+    _handle: IO
+
+    @property
+    def pod_cidr(self) -> str:
+        return f"127.0.{16 * self.index}.0/20"
+
+    @property
+    def node_port_range(self) -> str:
+        low = 31000 + 130 * (self.index - SLOTS.start)  # the default cluster keeps 30000-30999
+        return f"{low}-{low + 129}"
+
+    def release(self) -> None:
+        self._handle.close()
+
+
+def reserve_slot() -> Slot:
+    _LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    for index in random.sample(list(SLOTS), len(SLOTS)):
+        handle = open(_LOCK_DIR / f"slot-{index}.lock", "w")  # noqa: SIM115 - held for the run
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        return Slot(index, handle)
+    raise RuntimeError(f"all {len(SLOTS)} devcluster slots are held by other test sessions")
+
+
+def isolated_config(state_dir: Path, slot: Slot, **overrides) -> ClusterConfig:
+    """A configuration whose pod IPs and NodePorts no other cluster on this machine uses."""
+    settings = {
+        "state_dir": state_dir,
+        "pod_cidr": slot.pod_cidr,
+        "node_port_range": slot.node_port_range,
+        "restart_backoff_base": 1.0,
+        "restart_backoff_max": 10.0,
+    }
+    settings.update(overrides)
+    return ClusterConfig.from_env(**settings)
+
+
+@pytest.fixture(scope="session")
+def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevClusterHandle]:
+    state_dir = tmp_path_factory.mktemp("devcluster")
+    slot = reserve_slot()
+    cluster = DevCluster(isolated_config(state_dir, slot))
+    started = time.monotonic()
+    cluster.up(log=lambda *_: None)
+    elapsed = time.monotonic() - started
+    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
+    handle = DevClusterHandle(
+        cluster=cluster,
+        kubeconfig=str(cluster.kubeconfig),
+        env=env,
+        bin_dir=cluster.bin_dir,
+        state_dir=state_dir,
+        start_seconds=elapsed,
+    )
+    try:
+        yield handle
+    finally:
+        handle.close()
+        cluster.down(log=lambda *_: None)
+        slot.release()
+
+
+@pytest.fixture
+def namespace(devcluster: DevClusterHandle) -> Iterator[str]:
+    """A fresh namespace (with its default ServiceAccount), deleted after the test."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    devcluster.kubectl("create", "namespace", name)
+    deadline = time.monotonic() + 60
+    while (
+        devcluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
+        != 0
+    ):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"namespace {name}: no default ServiceAccount after 60s")
+        time.sleep(0.1)
+    try:
+        yield name
+    finally:
+        devcluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

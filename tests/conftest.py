@@ -1,0 +1,1 @@
+pytest_plugins = ["warmgate_devcluster.pytest_plugin"]
