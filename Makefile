@@ -23,11 +23,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: up
 up: install k8s-bin ## Start the devcluster, the operator and a sample EmbeddingService; print a curl
-	$(PY) -m warmgate_devcluster up --with-operator --example $(EXAMPLE)
+	$(PY) -m warmgate_devcluster.quickstart up --example $(EXAMPLE)
 
 .PHONY: down
 down: ## Stop everything `make up` started
-	@if [[ -x $(PY) ]]; then $(PY) -m warmgate_devcluster down; else echo "nothing to stop"; fi
+	@if [[ -x $(PY) ]]; then $(PY) -m warmgate_devcluster.quickstart down; else echo "nothing to stop"; fi
 
 .PHONY: test
 test: install k8s-bin ## Run every test (unit, server, devcluster, operator, end to end)
