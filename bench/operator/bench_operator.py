@@ -1,0 +1,260 @@
+"""Operator benchmark: reconcile N EmbeddingServices against a real apiserver.
+
+Starts a devcluster (or uses --kubeconfig), installs the CRD, runs the operator as a process,
+creates N EmbeddingServices in one request and reports:
+
+- seconds until every Deployment exists and every status describes its generation,
+- the operator's peak RSS,
+- API requests (and writes) per EmbeddingService to converge, and writes per EmbeddingService
+  over a quiet period with several resyncs, when nothing changes.
+
+Targets (issue 4): converged within 60 s for 200, RSS under 200 MiB, at most 10 writes per
+EmbeddingService when nothing changes. Pods need not run: the image is not in the devcluster's
+image map, or replicas is 0 (--replicas).
+
+    python bench/operator/bench_operator.py [--count 200] [--replicas 0] [--quiet-seconds 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "devcluster")]
+
+CRD_FILE = ROOT / "crds" / "warmgate.dev_embeddingservices.yaml"
+UNMAPPED_IMAGE = "registry.invalid/warmgate/not-mapped:1"
+NAMESPACE = "bench-operator"
+TARGETS = {"converge_seconds": 60.0, "peak_rss_mib": 200.0, "quiet_writes_per_es": 10.0}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=200, help="EmbeddingServices to create")
+    parser.add_argument("--replicas", type=int, default=0, help="spec.replicas of each")
+    parser.add_argument("--workers", type=int, default=8, help="operator reconcile workers")
+    parser.add_argument("--resync-seconds", type=float, default=15.0)
+    parser.add_argument(
+        "--quiet-seconds", type=float, default=40.0, help="idle period measured for writes"
+    )
+    parser.add_argument("--kubeconfig", help="use this cluster instead of starting a devcluster")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--results-dir", type=Path, default=ROOT / "bench" / "results")
+    return parser.parse_args()
+
+
+class Kubectl:
+    def __init__(self, binary: str, env: dict[str, str]) -> None:
+        self.binary, self.env = binary, env
+
+    def __call__(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        result = subprocess.run(
+            [self.binary, *args], env=self.env, input=input, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args[:3])}: {result.stderr.strip()}")
+        return result.stdout
+
+
+def manifest(count: int, replicas: int) -> str:
+    items = [
+        {
+            "apiVersion": "warmgate.dev/v1alpha1",
+            "kind": "EmbeddingService",
+            "metadata": {"name": f"bench-{i:03d}", "namespace": NAMESPACE},
+            "spec": {
+                "model": {"id": "sentence-transformers/all-MiniLM-L6-v2"},
+                "image": UNMAPPED_IMAGE,
+                "replicas": replicas,
+                "warmup": {"batchSizes": [1, 8], "sequenceBuckets": [32, 64, 128]},
+            },
+        }
+        for i in range(count)
+    ]
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+
+
+def progress(kubectl: Kubectl) -> tuple[int, int]:
+    """(EmbeddingServices whose status describes their generation with every child applied,
+    EmbeddingServices that are Ready). Reconcile writes the status only after applying the
+    children, so a current status without ApplyFailed means the Deployment exists. Only the
+    EmbeddingServices are listed, to keep the poll's own load on the apiserver small."""
+    services = json.loads(kubectl("get", "emb", "-n", NAMESPACE, "-o", "json", "--chunk-size=0"))[
+        "items"
+    ]
+    current = ready = 0
+    for es in services:
+        status = es.get("status") or {}
+        if status.get("observedGeneration") != es["metadata"]["generation"]:
+            continue
+        conditions = {c["type"]: c for c in status.get("conditions", [])}
+        if conditions.get("Degraded", {}).get("reason") in ("ApplyFailed", "ChildConflict"):
+            continue
+        current += 1
+        ready += conditions.get("Ready", {}).get("status") == "True"
+    return current, ready
+
+
+def count_deployments(kubectl: Kubectl) -> int:
+    return len(kubectl("get", "deployments", "-n", NAMESPACE, "-o", "name").split())
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def read_stats(path: Path) -> dict[str, Any]:
+    for _ in range(50):
+        try:
+            return json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            time.sleep(0.1)
+    raise RuntimeError(f"operator wrote no stats to {path}")
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run(args: argparse.Namespace, kubeconfig: str, bin_dir: Path, work: Path) -> dict[str, Any]:
+    env = dict(os.environ, KUBECONFIG=kubeconfig)
+    kubectl = Kubectl(str(bin_dir / "kubectl"), env)
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    kubectl("wait", "--for=condition=Established", "crd/embeddingservices.warmgate.dev")
+    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--timeout=120s")
+    kubectl("create", "namespace", NAMESPACE)
+
+    stats_file = work / "operator-stats.json"
+    log_file = (work / "operator.log").open("wb")
+    operator_env = dict(env, PYTHONPATH=os.pathsep.join([str(ROOT / "operator")]))
+    started = time.monotonic()
+    operator = subprocess.Popen(
+        [
+            sys.executable, "-m", "warmgate_operator", "--namespace", NAMESPACE,
+            "--resync-seconds", str(args.resync_seconds), "--workers", str(args.workers),
+            "--stats-file", str(stats_file), "--log-format", "json", "--log-level", "WARNING",
+        ],
+        env=operator_env, stdout=log_file, stderr=subprocess.STDOUT, cwd=str(ROOT),
+    )  # fmt: skip
+    try:
+        read_stats(stats_file)
+        startup_seconds = time.monotonic() - started
+        created_at = time.monotonic()
+        kubectl("create", "-f", "-", input=manifest(args.count, args.replicas))
+        create_seconds = time.monotonic() - created_at
+        converge_seconds = ready_seconds = None
+        while ready_seconds is None:
+            elapsed = time.monotonic() - created_at
+            if elapsed > args.timeout:
+                raise RuntimeError(f"not converged after {args.timeout}s")
+            if operator.poll() is not None:
+                raise RuntimeError("the operator exited; see its log")
+            time.sleep(1.0)
+            current, ready = progress(kubectl)
+            if converge_seconds is None and current == args.count:
+                converge_seconds = time.monotonic() - created_at
+                at_converge = read_stats(stats_file)
+            # Pods with an unmapped image never get Ready; with replicas 0 everything can.
+            if converge_seconds is not None and (args.replicas or ready == args.count):
+                ready_seconds = time.monotonic() - created_at
+        deployments = count_deployments(kubectl)
+        if deployments != args.count:
+            raise RuntimeError(f"{deployments} Deployments for {args.count} EmbeddingServices")
+        converge_cpu = cpu_seconds(operator.pid)
+        before_quiet = read_stats(stats_file)
+        time.sleep(args.quiet_seconds)
+        after_quiet = read_stats(stats_file)
+        rss = peak_rss_mib(operator.pid)
+    finally:
+        if operator.poll() is None:
+            operator.send_signal(signal.SIGTERM)
+            try:
+                operator.wait(30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+                operator.wait()
+        log_file.close()
+        kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+    count = args.count
+    converge_requests = sum(at_converge["requests"].values())
+    quiet_writes = after_quiet["writes"] - before_quiet["writes"]
+    quiet_requests = sum(after_quiet["requests"].values()) - sum(before_quiet["requests"].values())
+    return {
+        "count": count,
+        "replicas": args.replicas,
+        "workers": args.workers,
+        "resync_seconds": args.resync_seconds,
+        "operator_startup_seconds": round(startup_seconds, 2),
+        "create_request_seconds": round(create_seconds, 2),
+        "converge_seconds": round(converge_seconds, 2),
+        "all_ready_seconds": round(ready_seconds, 2) if not args.replicas else None,
+        "peak_rss_mib": round(rss, 1),
+        "operator_cpu_seconds_to_ready": round(converge_cpu, 1),
+        "requests_per_es_to_converge": round(converge_requests / count, 2),
+        "writes_per_es_to_converge": round(at_converge["writes"] / count, 2),
+        "requests_by_kind_to_converge": at_converge["requests"],
+        "quiet_seconds": args.quiet_seconds,
+        "quiet_writes_per_es": round(quiet_writes / count, 3),
+        "quiet_requests_per_es": round(quiet_requests / count, 2),
+        "reconciles": after_quiet["reconciles"],
+    }
+
+
+def main() -> int:
+    args = parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-operator-"))
+    cluster = None
+    if args.kubeconfig:
+        from warmgate_devcluster.binaries import find_bin_dir
+
+        kubeconfig, bin_dir = args.kubeconfig, find_bin_dir()
+    else:
+        from warmgate_devcluster.cluster import DevCluster
+        from warmgate_devcluster.pytest_plugin import isolated_config, reserve_slot
+
+        # A pod-IP block and NodePort window no test session or `make up` cluster uses.
+        cluster = DevCluster(isolated_config(work / "devcluster", reserve_slot()))
+        print("starting a devcluster ...", flush=True)
+        cluster.up(log=lambda *_: None)
+        kubeconfig, bin_dir = str(cluster.kubeconfig), cluster.bin_dir
+    try:
+        result = run(args, kubeconfig, Path(bin_dir), work)
+    finally:
+        if cluster is not None:
+            cluster.down(log=lambda *_: None)
+    checks = {
+        "converge_seconds": result["converge_seconds"] <= TARGETS["converge_seconds"],
+        "peak_rss_mib": result["peak_rss_mib"] <= TARGETS["peak_rss_mib"],
+        "quiet_writes_per_es": result["quiet_writes_per_es"] <= TARGETS["quiet_writes_per_es"],
+    }
+    result["targets"] = TARGETS
+    result["meets_targets"] = checks
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    out = args.results_dir / f"operator-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.write_text(json.dumps(result, indent=2))
+    for key, value in result.items():
+        if key not in ("targets", "meets_targets"):
+            print(f"{key:32} {value}")
+    for key, ok in checks.items():
+        print(f"target {key:25} {'met' if ok else 'MISSED'} (<= {TARGETS[key]})")
+    print(f"results: {out}  (operator log: {work / 'operator.log'})")
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

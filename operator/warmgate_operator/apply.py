@@ -1,0 +1,239 @@
+"""The one apply layer: server-side apply with the field manager `warmgate`, skipping writes
+that would change nothing.
+
+A child is up to date when it carries the hash of the desired object and every desired field
+is still there with the same value (fields the apiserver or other controllers add are ignored).
+Either check failing leads to one apply; an unchanged spec costs reads only.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any, Protocol
+
+from .builders import content_hash
+from .config import FIELD_MANAGER
+from .kube import DEPLOYMENT, ResourceKind
+
+APPLIED_HASH_ANNOTATION = "warmgate.dev/applied-hash"
+# Keeps spec.replicas alive while ownership passes from warmgate to the HPA.
+HANDOVER_FIELD_MANAGER = "warmgate-handover"
+
+
+class Client(Protocol):
+    async def get(self, kind: ResourceKind, namespace: str, name: str) -> dict | None: ...
+    async def apply(self, kind: ResourceKind, obj: Mapping, field_manager: str) -> dict: ...
+    async def delete(
+        self, kind: ResourceKind, namespace: str, name: str, uid: str | None = None
+    ) -> None: ...
+
+
+class ChildConflict(Exception):
+    """A child's name is taken by an object that another controller owns."""
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    kind: str
+    name: str
+    action: str  # created | updated | unchanged | deleted | absent
+    obj: dict[str, Any] | None = None
+
+    @property
+    def wrote(self) -> bool:
+        return self.action in ("created", "updated", "deleted")
+
+
+def with_hash(desired: Mapping[str, Any]) -> dict[str, Any]:
+    """`desired` plus the annotation recording its hash."""
+    obj = dict(desired)
+    meta = dict(obj["metadata"])
+    annotations = dict(meta.get("annotations") or {})
+    annotations[APPLIED_HASH_ANNOTATION] = content_hash(desired)
+    meta["annotations"] = annotations
+    obj["metadata"] = meta
+    return obj
+
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
+_SUFFIX = {
+    "": Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+
+def parse_quantity(value: Any) -> Decimal | None:
+    """A Kubernetes quantity's value, or None when `value` is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return Decimal(str(value))
+    if not isinstance(value, str):
+        return None
+    match = _QUANTITY.match(value)
+    if not match:
+        return None
+    number, suffix = match.group(1), match.group(2) or ""
+    try:
+        if suffix[:1] in ("e", "E"):
+            return Decimal(number + suffix)
+        return Decimal(number) * _SUFFIX[suffix]
+    except (InvalidOperation, KeyError):
+        return None
+
+
+def _scalar_equal(desired: Any, current: Any) -> bool:
+    if desired == current and type(desired) is type(current):
+        return True
+    # The apiserver canonicalises quantities ("1000m" comes back as "1").
+    if isinstance(desired, str) or isinstance(current, str):
+        left, right = parse_quantity(desired), parse_quantity(current)
+        return left is not None and left == right
+    return False
+
+
+def is_subset(desired: Any, current: Any) -> bool:
+    """Whether every field of `desired` is present in `current` with the same value.
+
+    Lists of named items (containers, env, volumes) match by name, so items that admission
+    adds do not count as drift; other lists must match item by item.
+    """
+    if isinstance(desired, Mapping):
+        return isinstance(current, Mapping) and all(
+            key in current and is_subset(value, current[key]) for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        if not isinstance(current, list):
+            return False
+        if desired and all(isinstance(d, Mapping) and "name" in d for d in desired):
+            by_name = {c.get("name"): c for c in current if isinstance(c, Mapping)}
+            return all(d["name"] in by_name and is_subset(d, by_name[d["name"]]) for d in desired)
+        return len(desired) == len(current) and all(
+            is_subset(d, c) for d, c in zip(desired, current, strict=True)
+        )
+    return _scalar_equal(desired, current)
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref.get("uid")
+    return None
+
+
+def _owner_uid(desired: Mapping[str, Any]) -> str:
+    uid = controller_uid(desired)
+    if uid is None:
+        raise ValueError("desired children must carry a controller owner reference")
+    return uid
+
+
+def _owns_replicas(deployment: Mapping[str, Any], manager: str) -> bool:
+    for entry in deployment.get("metadata", {}).get("managedFields") or []:
+        if (
+            entry.get("manager") == manager
+            and entry.get("operation") == "Apply"
+            and "f:replicas" in (entry.get("fieldsV1") or {}).get("f:spec", {})
+        ):
+            return True
+    return False
+
+
+async def _hand_over_replicas(client: Client, current: Mapping[str, Any]) -> None:
+    """Before warmgate stops applying `spec.replicas` (autoscaling turned on), a second field
+    manager applies the live value, so dropping the field does not reset it to 1 before the
+    HPA takes over (the transfer Kubernetes documents for server-side apply and HPAs)."""
+    meta = current["metadata"]
+    await client.apply(
+        DEPLOYMENT,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "spec": {"replicas": current.get("spec", {}).get("replicas", 1)},
+        },
+        HANDOVER_FIELD_MANAGER,
+    )
+
+
+async def ensure(client: Client, kind: ResourceKind, desired: Mapping[str, Any]) -> ApplyOutcome:
+    """Make the child match `desired`, writing only when something differs."""
+    meta = desired["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    owner_uid = _owner_uid(desired)
+    current = await client.get(kind, namespace, name)
+    if current is not None:
+        holder = controller_uid(current)
+        if holder is not None and holder != owner_uid:
+            raise ChildConflict(
+                f"{kind.kind} {namespace}/{name} already exists and is controlled by another "
+                f"owner (uid {holder}); rename or delete it"
+            )
+    target = with_hash(desired)
+    if current is not None and is_subset(target, current):
+        return ApplyOutcome(kind.kind, name, "unchanged", current)
+    if (
+        kind == DEPLOYMENT
+        and current is not None
+        and "replicas" not in desired.get("spec", {})
+        and _owns_replicas(current, FIELD_MANAGER)
+    ):
+        await _hand_over_replicas(client, current)
+    applied = await client.apply(kind, target, FIELD_MANAGER)
+    return ApplyOutcome(kind.kind, name, "created" if current is None else "updated", applied)
+
+
+class AppliedCache:
+    """What this process last found in place for each child, for `ttl` seconds.
+
+    Reconciles caused by a child's events (a Deployment's status, a pod starting) then skip
+    reading children they just checked; a spec change (another hash) or the periodic resync
+    (older than `ttl`) reads and compares again, so drift is still repaired.
+    """
+
+    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl = ttl
+        self._clock = clock
+        self._seen: dict[tuple[str, str, str], tuple[str, float]] = {}
+
+    def fresh(self, owner_uid: str, kind: ResourceKind, name: str, digest: str) -> bool:
+        entry = self._seen.get((owner_uid, kind.kind, name))
+        return entry is not None and entry[0] == digest and self._clock() - entry[1] < self._ttl
+
+    def remember(self, owner_uid: str, kind: ResourceKind, name: str, digest: str) -> None:
+        now = self._clock()
+        if len(self._seen) > 50_000:
+            self._seen = {k: v for k, v in self._seen.items() if now - v[1] < self._ttl}
+        self._seen[(owner_uid, kind.kind, name)] = (digest, now)
+
+    def forget(self, owner_uid: str) -> None:
+        self._seen = {k: v for k, v in self._seen.items() if k[0] != owner_uid}
+
+
+async def ensure_absent(
+    client: Client, kind: ResourceKind, namespace: str, name: str, owner_uid: str
+) -> ApplyOutcome:
+    """Delete the child if it exists and this EmbeddingService controls it."""
+    current = await client.get(kind, namespace, name)
+    if current is None or controller_uid(current) != owner_uid:
+        return ApplyOutcome(kind.kind, name, "absent")
+    await client.delete(kind, namespace, name, uid=current["metadata"].get("uid"))
+    return ApplyOutcome(kind.kind, name, "deleted")

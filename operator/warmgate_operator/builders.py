@@ -1,0 +1,475 @@
+"""Pure builders: an EmbeddingService spec in, the desired child objects out.
+
+No I/O and no clock: the same spec always gives the same objects, so the apply layer can skip
+writes that would change nothing and the pod template changes only when the spec really does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .spec import API_VERSION, KIND, EmbeddingServiceSpec
+
+SERVER_CONTAINER = "server"
+SERVER_PORT = 8080
+SERVER_PORT_NAME = "http"
+SERVER_USER_ID = 10001
+PRESTOP_SLEEP_SECONDS = 5
+# Time the server may take after its drain to flush logs and exit, on top of preStop + drain.
+EXIT_MARGIN_SECONDS = 10
+
+PROFILE_DIR = "/etc/warmgate/profile"
+PROFILE_KEY = "profile.json"
+PROFILE_PATH = f"{PROFILE_DIR}/{PROFILE_KEY}"
+CACHE_DIR = "/var/cache/warmgate"
+MODELS_DIR = "/var/lib/warmgate/models"
+
+WARMED_CONDITION = "warmgate.dev/warmed"
+SPEC_HASH_ANNOTATION = "warmgate.dev/spec-hash"
+MODEL_ID_ANNOTATION = "warmgate.dev/model-id"
+MODEL_REVISION_ANNOTATION = "warmgate.dev/model-revision"
+SERVICE_LABEL = "warmgate.dev/service"
+NAME_LABEL = "app.kubernetes.io/name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+APP_NAME = "warmgate-server"
+MANAGED_BY = "warmgate"
+
+DEFAULT_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The EmbeddingService the children belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Owner:
+        meta = body["metadata"]
+        return cls(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+
+
+def labels(name: str) -> dict[str, str]:
+    return {
+        NAME_LABEL: APP_NAME,
+        INSTANCE_LABEL: name,
+        MANAGED_BY_LABEL: MANAGED_BY,
+        SERVICE_LABEL: name,
+    }
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {NAME_LABEL: APP_NAME, INSTANCE_LABEL: name}
+
+
+def selector_string(name: str) -> str:
+    """`status.selector`, as the scale subresource wants it."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def configmap_name(name: str) -> str:
+    return f"{name}-warmup-profile"
+
+
+def content_hash(obj: Any) -> str:
+    """A short, stable hash of a JSON-able value."""
+    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _metadata(owner: Owner, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": labels(owner.name),
+        "ownerReferences": [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def _csv(values: Iterable[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def model_path(spec: EmbeddingServiceSpec) -> str:
+    """What `--model` gets: a folder on the claim, or the id resolved from the HF cache."""
+    volume = spec.model.volume
+    if volume is None:
+        return spec.model.id
+    return f"{MODELS_DIR}/{volume.path}".rstrip("/")
+
+
+def server_args(spec: EmbeddingServiceSpec) -> list[str]:
+    """The server's flags (docs/contract.md), one `--flag=value` item each."""
+    model, batching, warmup = spec.model, spec.batching, spec.warmup
+    args = [
+        f"--model={model_path(spec)}",
+        f"--model-revision={model.revision}",
+    ]
+    if model.served_name:
+        args.append(f"--served-model-name={model.served_name}")
+    args += [
+        f"--port={SERVER_PORT}",
+        f"--device={spec.runtime.device}",
+        f"--dtype={spec.runtime.dtype}",
+        f"--pooling={model.pooling}",
+        "--normalize" if model.normalize else "--no-normalize",
+    ]
+    if model.max_input_length is not None:
+        args.append(f"--max-input-length={model.max_input_length}")
+    args += [
+        f"--max-batch-size={batching.max_batch_size}",
+        f"--max-batch-tokens={batching.max_batch_tokens}",
+        f"--max-wait-ms={batching.max_wait_milliseconds}",
+        f"--max-concurrent-requests={batching.max_concurrent_requests}",
+        f"--payload-limit={batching.payload_limit_bytes}",
+        f"--sequence-buckets={_csv(warmup.sequence_buckets)}",
+        f"--warmup-batch-sizes={_csv(warmup.batch_sizes)}",
+        f"--warmup-profile={PROFILE_PATH}",
+        "--pad-batch" if batching.pad_batch else "--no-pad-batch",
+        "--warmup" if warmup.enabled else "--no-warmup",
+        f"--drain-seconds={spec.rollout.drain_seconds}",
+    ]
+    return args
+
+
+def resources(spec: EmbeddingServiceSpec) -> dict[str, dict[str, str]]:
+    """The user's resources, with CPU/memory requests filled in (the HPA's CPU target needs a
+    CPU request) and one GPU when the device is cuda and no GPU count was given."""
+    limits = dict(spec.resources.get("limits", {}))
+    requests = dict(spec.resources.get("requests", {}))
+    for key, value in DEFAULT_REQUESTS.items():
+        if key not in requests and key not in limits:
+            requests[key] = value
+    if spec.runtime.device == "cuda" and "nvidia.com/gpu" not in limits:
+        limits["nvidia.com/gpu"] = "1"
+    out: dict[str, dict[str, str]] = {"requests": requests}
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def termination_grace_seconds(spec: EmbeddingServiceSpec) -> int:
+    return PRESTOP_SLEEP_SECONDS + spec.rollout.drain_seconds + EXIT_MARGIN_SECONDS
+
+
+def _probe(path: str, period: int, failure_threshold: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": SERVER_PORT_NAME, "scheme": "HTTP"},
+        "periodSeconds": period,
+        "timeoutSeconds": 2,
+        "successThreshold": 1,
+        "failureThreshold": failure_threshold,
+    }
+
+
+def build_pod_template(
+    spec: EmbeddingServiceSpec, owner: Owner, default_image: str
+) -> dict[str, Any]:
+    period = spec.probes.period_seconds
+    container: dict[str, Any] = {
+        "name": SERVER_CONTAINER,
+        "image": spec.image or default_image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "args": server_args(spec),
+        "env": [
+            {"name": "WARMGATE_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {
+                "name": "POD_NAMESPACE",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            },
+            # Caches (torch, Hugging Face modules) go to a writable emptyDir; a model baked into
+            # the image under its own HF_HOME stays visible.
+            {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
+        ],
+        "ports": [{"name": SERVER_PORT_NAME, "containerPort": SERVER_PORT, "protocol": "TCP"}],
+        "resources": resources(spec),
+        # Liveness only asks whether the event loop answers; it never fails a warming pod.
+        "livenessProbe": _probe("/healthz", 10, 3),
+        "readinessProbe": _probe("/ready", period, 2),
+        # Holds liveness off until warm, and bounds a warmup that never ends.
+        "startupProbe": _probe("/ready", period, spec.probes.startup_failure_threshold),
+        "lifecycle": {
+            # Lets endpoint removal reach every proxy before the server starts draining.
+            "preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": SERVER_USER_ID,
+            "runAsGroup": SERVER_USER_ID,
+        },
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "cache", "mountPath": CACHE_DIR},
+            {"name": "warmup-profile", "mountPath": PROFILE_DIR, "readOnly": True},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    volumes: list[dict[str, Any]] = [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {}},
+        {
+            "name": "warmup-profile",
+            # optional: a pod may start before its ConfigMap exists; a missing profile is fine.
+            "configMap": {"name": configmap_name(owner.name), "optional": True},
+        },
+    ]
+    if spec.model.volume is not None:
+        container["volumeMounts"].append(
+            {"name": "model", "mountPath": MODELS_DIR, "readOnly": True}
+        )
+        volumes.append(
+            {
+                "name": "model",
+                "persistentVolumeClaim": {
+                    "claimName": spec.model.volume.claim_name,
+                    "readOnly": True,
+                },
+            }
+        )
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": SERVER_USER_ID,
+            "runAsGroup": SERVER_USER_ID,
+            "fsGroup": SERVER_USER_ID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if spec.rollout.warm_gate:
+        pod_spec["readinessGates"] = [{"conditionType": WARMED_CONDITION}]
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    template: dict[str, Any] = {
+        "metadata": {
+            "labels": labels(owner.name),
+            "annotations": {
+                MODEL_ID_ANNOTATION: spec.model.id,
+                MODEL_REVISION_ANNOTATION: spec.model.revision,
+                "kubectl.kubernetes.io/default-container": SERVER_CONTAINER,
+            },
+        },
+        "spec": pod_spec,
+    }
+    template["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = content_hash(template)
+    return template
+
+
+def build_deployment(
+    spec: EmbeddingServiceSpec, owner: Owner, default_image: str
+) -> dict[str, Any]:
+    deployment_spec: dict[str, Any] = {
+        "selector": {"matchLabels": selector_labels(owner.name)},
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {
+                "maxSurge": spec.rollout.max_surge,
+                "maxUnavailable": spec.rollout.max_unavailable,
+            },
+        },
+        "progressDeadlineSeconds": spec.progress_deadline_seconds,
+        "revisionHistoryLimit": 5,
+        "template": build_pod_template(spec, owner, default_image),
+    }
+    # With autoscaling on, the HPA owns the replica count: the field is left out entirely so
+    # server-side apply never fights it.
+    if not spec.autoscaling.enabled:
+        deployment_spec = {"replicas": spec.replicas, **deployment_spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner, owner.name),
+        "spec": deployment_spec,
+    }
+
+
+def build_service(spec: EmbeddingServiceSpec, owner: Owner) -> dict[str, Any]:
+    port: dict[str, Any] = {
+        "name": SERVER_PORT_NAME,
+        "port": spec.service.port,
+        "targetPort": SERVER_PORT_NAME,
+        "protocol": "TCP",
+    }
+    if spec.service.node_port is not None:
+        port["nodePort"] = spec.service.node_port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, owner.name),
+        "spec": {
+            "type": spec.service.type,
+            "selector": selector_labels(owner.name),
+            "ports": [port],
+        },
+    }
+
+
+def _scaling_rules(rules: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"stabilizationWindowSeconds": rules.stabilization_window_seconds}
+    policies = []
+    if rules.max_pods_per_period is not None:
+        policies.append(
+            {
+                "type": "Pods",
+                "value": rules.max_pods_per_period,
+                "periodSeconds": rules.period_seconds,
+            }
+        )
+    if rules.max_percent_per_period is not None:
+        policies.append(
+            {
+                "type": "Percent",
+                "value": rules.max_percent_per_period,
+                "periodSeconds": rules.period_seconds,
+            }
+        )
+    if policies:
+        out["policies"] = policies
+        out["selectPolicy"] = "Max"
+    return out
+
+
+def build_hpa(spec: EmbeddingServiceSpec, owner: Owner) -> dict[str, Any] | None:
+    """The HPA, or None when autoscaling is off (the apply layer then deletes it)."""
+    autoscaling = spec.autoscaling
+    if not autoscaling.enabled:
+        return None
+    metrics: list[dict[str, Any]] = []
+    if autoscaling.target_cpu_utilization_percentage is not None:
+        metrics.append(
+            {
+                "type": "Resource",
+                "resource": {
+                    "name": "cpu",
+                    "target": {
+                        "type": "Utilization",
+                        "averageUtilization": autoscaling.target_cpu_utilization_percentage,
+                    },
+                },
+            }
+        )
+    if autoscaling.pods_metric is not None:
+        metrics.append(
+            {
+                "type": "Pods",
+                "pods": {
+                    "metric": {"name": autoscaling.pods_metric.name},
+                    "target": {
+                        "type": "AverageValue",
+                        "averageValue": autoscaling.pods_metric.average_value,
+                    },
+                },
+            }
+        )
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _metadata(owner, owner.name),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": owner.name},
+            "minReplicas": autoscaling.min_replicas,
+            "maxReplicas": autoscaling.max_replicas,
+            "metrics": metrics,
+            "behavior": {
+                "scaleUp": _scaling_rules(autoscaling.scale_up),
+                "scaleDown": _scaling_rules(autoscaling.scale_down),
+            },
+        },
+    }
+
+
+def build_pdb(spec: EmbeddingServiceSpec, owner: Owner) -> dict[str, Any] | None:
+    """A disruption budget when more than one pod runs, else None (a budget on one pod would
+    block every node drain)."""
+    if not spec.disruption_budget.enabled or spec.min_pods <= 1:
+        return None
+    pdb_spec: dict[str, Any] = {"selector": {"matchLabels": selector_labels(owner.name)}}
+    if spec.disruption_budget.min_available is not None:
+        pdb_spec["minAvailable"] = spec.disruption_budget.min_available
+    else:
+        pdb_spec["maxUnavailable"] = 1
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(owner, owner.name),
+        "spec": pdb_spec,
+    }
+
+
+def warmup_profile(observed_shapes: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The profile file's JSON (docs/contract.md), most frequent shapes first."""
+    shapes = [
+        {
+            "batch_size": int(s["batch_size"]),
+            "seq_len": int(s["seq_len"]),
+            "count": int(s.get("count", 0)),
+        }
+        for s in observed_shapes
+    ]
+    shapes.sort(key=lambda s: (-s["count"], s["batch_size"], s["seq_len"]))
+    return {"shapes": shapes}
+
+
+def build_configmap(
+    spec: EmbeddingServiceSpec, owner: Owner, observed_shapes: Iterable[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """The warmup profile new pods read at start. Its content never enters the pod template,
+    so updating it never restarts running pods."""
+    shapes = list(observed_shapes) if spec.warmup.observed_traffic.enabled else []
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(owner, configmap_name(owner.name)),
+        "data": {PROFILE_KEY: json.dumps(warmup_profile(shapes), sort_keys=True)},
+    }
+
+
+@dataclass(frozen=True)
+class DesiredChildren:
+    """Every child kind, None where that child must not exist."""
+
+    configmap: dict[str, Any]
+    deployment: dict[str, Any]
+    service: dict[str, Any]
+    hpa: dict[str, Any] | None
+    pdb: dict[str, Any] | None
+
+
+def build_children(
+    spec: EmbeddingServiceSpec,
+    owner: Owner,
+    default_image: str,
+    observed_shapes: Iterable[Mapping[str, Any]] = (),
+) -> DesiredChildren:
+    """Every child; `default_image` serves when the spec names no image."""
+    return DesiredChildren(
+        configmap=build_configmap(spec, owner, observed_shapes),
+        deployment=build_deployment(spec, owner, default_image),
+        service=build_service(spec, owner),
+        hpa=build_hpa(spec, owner),
+        pdb=build_pdb(spec, owner),
+    )

@@ -1,0 +1,136 @@
+"""The operator's own configuration: one frozen object, read from flags and environment once.
+
+Every flag has an environment twin `WARMGATE_OPERATOR_<FLAG>` (the chart sets environment
+variables); a flag wins over its twin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+DEFAULT_SERVER_IMAGE = "ghcr.io/warmgate/warmgate-server:0.1.0"
+FIELD_MANAGER = "warmgate"
+LOG_FORMATS = ("json", "text")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class ConfigError(ValueError):
+    """A bad flag or environment value; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """How this operator process runs.
+
+    default_image: server image for EmbeddingServices that set no `spec.image`.
+    namespaces: namespaces to watch; empty means every namespace (cluster-wide).
+    log_format: `json` (one object a line, for log collectors) or `text`.
+    log_level: DEBUG, INFO, WARNING or ERROR.
+    resync_seconds: how often every EmbeddingService is reconciled even when nothing changed,
+        to repair drift in children that the operator does not watch.
+    workers: how many EmbeddingServices are reconciled at the same time.
+    liveness_endpoint: kopf's health endpoint (e.g. `http://0.0.0.0:8081/healthz`), or None.
+    stats_file: where to keep a JSON file of API request counts and peak memory, or None.
+    """
+
+    default_image: str = DEFAULT_SERVER_IMAGE
+    namespaces: tuple[str, ...] = ()
+    log_format: str = "text"
+    log_level: str = "INFO"
+    resync_seconds: float = 60.0
+    workers: int = 8
+    liveness_endpoint: str | None = None
+    stats_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.default_image:
+            raise ConfigError("--default-image must not be empty")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
+        if self.resync_seconds < 1:
+            raise ConfigError("--resync-seconds must be at least 1")
+        if not 1 <= self.workers <= 64:
+            raise ConfigError("--workers must be between 1 and 64")
+        if any(not ns for ns in self.namespaces):
+            raise ConfigError("--namespace must not be empty; omit it to watch every namespace")
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces
+
+
+def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    def twin(flag: str, default: object) -> object:
+        return env.get("WARMGATE_OPERATOR_" + flag.upper().replace("-", "_"), default)
+
+    defaults = OperatorConfig()
+    parser = argparse.ArgumentParser(
+        prog="python -m warmgate_operator",
+        description="warmgate operator: reconciles EmbeddingServices (warmgate.dev/v1alpha1).",
+    )
+    parser.add_argument(
+        "--default-image",
+        default=twin("default-image", defaults.default_image),
+        help="server image for EmbeddingServices without spec.image",
+    )
+    namespaces = twin("namespaces", "")
+    parser.add_argument(
+        "--namespace",
+        dest="namespaces",
+        action="append",
+        default=None,
+        help="namespace to watch (repeat for several); default: all namespaces "
+        "(env WARMGATE_OPERATOR_NAMESPACES, comma-separated)",
+    )
+    parser.set_defaults(env_namespaces=namespaces)
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=twin("log-format", defaults.log_format),
+    )
+    parser.add_argument("--log-level", default=twin("log-level", defaults.log_level))
+    parser.add_argument(
+        "--resync-seconds", type=float, default=twin("resync-seconds", defaults.resync_seconds)
+    )
+    parser.add_argument("--workers", type=int, default=twin("workers", defaults.workers))
+    parser.add_argument(
+        "--liveness-endpoint",
+        default=twin("liveness-endpoint", None),
+        help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8081/healthz",
+    )
+    parser.add_argument(
+        "--stats-file",
+        default=twin("stats-file", None),
+        help="keep API request counts and peak memory in this JSON file (benchmarks)",
+    )
+    return parser
+
+
+def load_config(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> OperatorConfig:
+    """Build the configuration from flags and `WARMGATE_OPERATOR_*` variables."""
+    env = os.environ if env is None else env
+    args = _parser(env).parse_args(argv)
+    if args.namespaces:
+        namespaces = tuple(args.namespaces)
+    else:
+        namespaces = tuple(ns.strip() for ns in str(args.env_namespaces).split(",") if ns.strip())
+    try:
+        return OperatorConfig(
+            default_image=args.default_image,
+            namespaces=namespaces,
+            log_format=str(args.log_format),
+            log_level=str(args.log_level).upper(),
+            resync_seconds=float(args.resync_seconds),
+            workers=int(args.workers),
+            liveness_endpoint=args.liveness_endpoint or None,
+            stats_file=args.stats_file or None,
+        )
+    except (TypeError, ValueError) as error:
+        raise ConfigError(str(error)) from error

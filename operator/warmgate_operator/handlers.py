@@ -1,0 +1,136 @@
+"""Thin kopf adapters: each handler turns one watch event into one call and returns None.
+
+Only event (watching) handlers are used: kopf then adds no finalizer and writes no annotations
+or status to any object, so deleting an EmbeddingService or a pod never waits for the operator,
+and children go with their owner through garbage collection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from . import stats
+from .builders import MANAGED_BY, MANAGED_BY_LABEL
+from .config import OperatorConfig
+from .controller import Controller, Key
+from .kube import KubeClient
+from .reconcile import Reconciler
+from .spec import GROUP, KIND, PLURAL, VERSION
+
+logger = logging.getLogger(__name__)
+
+MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
+
+
+def owner_key(obj: Mapping[str, Any]) -> Key | None:
+    """The EmbeddingService that controls a child, from its owner reference."""
+    meta = obj.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == KIND:
+            return meta.get("namespace", ""), ref["name"]
+    return None
+
+
+def _owner_of_pod(pod: Mapping[str, Any]) -> Key | None:
+    # Pods belong to a ReplicaSet; the label written by the builders names the service.
+    meta = pod.get("metadata") or {}
+    name = (meta.get("labels") or {}).get("warmgate.dev/service")
+    return (meta.get("namespace", ""), name) if name else None
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf deep-copies every watched object to diff it for change handlers; this operator has
+    none (it reconciles current state), so skip that copy: most of kopf's CPU per event."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> None:  # type: ignore[override]
+        return None
+
+    def fetch(self, *, body: kopf.Body) -> None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        return None
+
+
+def configure_settings(settings: kopf.OperatorSettings) -> None:
+    settings.peering.standalone = True
+    settings.peering.mandatory = False
+    # The operator records its own events; kopf's per-handler events would be noise and writes.
+    settings.posting.enabled = False
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 60
+    settings.persistence.diffbase_storage = NoDiffBase()
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Attach the handlers to `registry`; the memo carries the config and, once started, the
+    controller."""
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # kopf's own loaders: in-cluster service account first, then the kubeconfig.
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        configure_settings(settings)
+        config: OperatorConfig = memo.config
+        client = KubeClient.from_environment(max_threads=config.workers)
+        reconciler = Reconciler.create(client, config)
+        controller = Controller(
+            reconciler, workers=config.workers, resync_seconds=config.resync_seconds
+        )
+        controller.start()
+        memo.client = client
+        memo.controller = controller
+        memo.stats_task = None
+        if config.stats_file:
+            memo.stats_task = asyncio.create_task(
+                stats.write_forever(Path(config.stats_file), client, controller)
+            )
+        logger.info(
+            "warmgate operator started: namespaces=%s, default image %s",
+            ",".join(config.namespaces) or "*",
+            config.default_image,
+        )
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        stats_task: asyncio.Task[None] | None = getattr(memo, "stats_task", None)
+        if stats_task is not None:
+            stats_task.cancel()
+        controller: Controller | None = getattr(memo, "controller", None)
+        if controller is not None:
+            await controller.stop()
+        client: KubeClient | None = getattr(memo, "client", None)
+        if client is not None:
+            logger.info("api requests made: %s", dict(client.requests))
+            config: OperatorConfig = memo.config
+            if controller is not None and config.stats_file:
+                stats.write(Path(config.stats_file), stats.snapshot(client, controller))
+            client.close()
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def embedding_service_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        memo.controller.observe(event["object"], deleted=event["type"] == "DELETED")
+
+    @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)
+    async def deployment_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        key = owner_key(event["object"])
+        if key is not None:
+            memo.controller.enqueue_soon(key)
+
+    # The warm gate (issue 5) hooks in here: verify the pod's /ready report and patch its
+    # warmgate.dev/warmed condition, then enqueue the owner as below.
+    @kopf.on.event("", "v1", "pods", labels=MANAGED, registry=registry)
+    async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        key = _owner_of_pod(event["object"])
+        if key is not None:
+            memo.controller.enqueue_soon(key)

@@ -1,0 +1,46 @@
+"""The operator's RBAC rules, read from `rbac.yaml` next to this module (their one home)."""
+
+from __future__ import annotations
+
+import sys
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+ROLE_NAME = "warmgate-operator"
+
+
+@cache
+def _rules() -> dict[str, list[dict[str, Any]]]:
+    text = resources.files(__package__).joinpath("rbac.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def namespaced_rules() -> list[dict[str, Any]]:
+    """Rules the operator needs in every namespace it watches."""
+    return [dict(rule) for rule in _rules()["namespaced"]]
+
+
+def cluster_rules() -> list[dict[str, Any]]:
+    """Cluster-scoped rules (discovery of CRDs and namespaces) it always needs."""
+    return [dict(rule) for rule in _rules()["cluster"]]
+
+
+def cluster_role(name: str = ROLE_NAME) -> dict[str, Any]:
+    """A ClusterRole with every rule, for an operator that watches all namespaces."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "warmgate-operator"}},
+        "rules": namespaced_rules() + cluster_rules(),
+    }
+
+
+def main() -> None:
+    yaml.safe_dump(cluster_role(), sys.stdout, sort_keys=False)
+
+
+if __name__ == "__main__":
+    main()

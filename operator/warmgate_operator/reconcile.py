@@ -1,0 +1,172 @@
+"""One idempotent reconcile of an EmbeddingService from current state.
+
+The same function runs for a new object, a spec change, an operator restart, a child's change
+and the periodic resync; it never asks what changed. Build the desired children, make each match
+(writing only differences), read what is there, compute the status, write it if different.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import apply
+from .builders import Owner, build_children, configmap_name, content_hash, selector_string
+from .config import OperatorConfig
+from .events import EventRecorder, now_rfc3339
+from .kube import (
+    CONFIGMAP,
+    DEPLOYMENT,
+    EMBEDDING_SERVICE,
+    HPA,
+    PDB,
+    POD,
+    SERVICE,
+    ApiError,
+    KubeClient,
+)
+from .spec import SpecError, parse_spec
+from .status import Problem, compute_status
+
+logger = logging.getLogger(__name__)
+
+# Retry delay after a failed write; the controller backs off further on repeated failures.
+RETRY_SECONDS = 5.0
+
+
+@dataclass
+class Reconciler:
+    client: KubeClient
+    config: OperatorConfig
+    recorder: EventRecorder
+    clock: Callable[[], str] = field(default=now_rfc3339)
+    cache: apply.AppliedCache = field(default_factory=lambda: apply.AppliedCache(ttl=0.0))
+
+    @classmethod
+    def create(cls, client: KubeClient, config: OperatorConfig) -> Reconciler:
+        # Children unchecked for a little less than a resync period are read again on resync.
+        return cls(
+            client=client,
+            config=config,
+            recorder=EventRecorder(client),
+            cache=apply.AppliedCache(ttl=config.resync_seconds * 0.9),
+        )
+
+    async def __call__(self, body: Mapping[str, Any]) -> ReconcileResult:
+        return await reconcile(self, body)
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    requeue_after: float | None = None
+    body: dict[str, Any] | None = None  # the EmbeddingService after a status write
+
+
+async def _apply_children(
+    ctx: Reconciler, body: Mapping[str, Any], spec: Any, owner: Owner
+) -> tuple[dict[str, Any] | None, list[apply.ApplyOutcome]]:
+    observed = (body.get("status") or {}).get("observedShapes") or []
+    desired = build_children(spec, owner, ctx.config.default_image, observed)
+    cache = ctx.cache
+    outcomes = []
+    # The ConfigMap first (new pods mount it); the Deployment is always read, for the status.
+    for kind, name, child in (
+        (CONFIGMAP, configmap_name(owner.name), desired.configmap),
+        (SERVICE, owner.name, desired.service),
+        (DEPLOYMENT, owner.name, desired.deployment),
+        (HPA, owner.name, desired.hpa),
+        (PDB, owner.name, desired.pdb),
+    ):
+        digest = "absent" if child is None else content_hash(child)
+        if kind != DEPLOYMENT and cache.fresh(owner.uid, kind, name, digest):
+            continue
+        if child is None:
+            outcome = await apply.ensure_absent(ctx.client, kind, owner.namespace, name, owner.uid)
+        else:
+            outcome = await apply.ensure(ctx.client, kind, child)
+        cache.remember(owner.uid, kind, name, digest)
+        outcomes.append(outcome)
+    deployment = next(o.obj for o in outcomes if o.kind == DEPLOYMENT.kind)
+    return deployment, outcomes
+
+
+async def _record_changes(
+    ctx: Reconciler, body: Mapping[str, Any], outcomes: list[apply.ApplyOutcome]
+) -> None:
+    """One event per kind of change (Created, Updated, Deleted), naming every child touched."""
+    by_action: dict[str, list[str]] = {}
+    for outcome in outcomes:
+        if outcome.wrote:
+            by_action.setdefault(outcome.action, []).append(f"{outcome.kind} {outcome.name}")
+    for action, children in by_action.items():
+        await ctx.recorder.record(
+            body, "Normal", action.capitalize(), f"{action} {', '.join(children)}"
+        )
+
+
+async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult:
+    meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        # Children go with their owner through garbage collection; nothing to do.
+        return ReconcileResult()
+    owner = Owner.from_body(body)
+    problem: Problem | None = None
+    requeue: float | None = None
+    deployment: dict[str, Any] | None = None
+    applied = False
+    spec = None
+    try:
+        spec = parse_spec(body.get("spec") or {})
+    except SpecError as error:
+        problem = Problem("InvalidSpec", str(error), blocking=True)
+        await ctx.recorder.record(body, "Warning", "InvalidSpec", str(error))
+
+    if spec is not None:
+        try:
+            deployment, outcomes = await _apply_children(ctx, body, spec, owner)
+            applied = True
+            await _record_changes(ctx, body, outcomes)
+        except apply.ChildConflict as error:
+            ctx.cache.forget(owner.uid)
+            problem = Problem("ChildConflict", str(error), blocking=True)
+            await ctx.recorder.record(body, "Warning", "ChildConflict", str(error))
+            requeue = RETRY_SECONDS * 6
+        except ApiError as error:
+            ctx.cache.forget(owner.uid)
+            problem = Problem("ApplyFailed", str(error))
+            await ctx.recorder.record(body, "Warning", "ApplyFailed", str(error))
+            requeue = RETRY_SECONDS
+
+    if not applied:
+        deployment = await ctx.client.get(DEPLOYMENT, owner.namespace, owner.name)
+    pods = await ctx.client.list(POD, owner.namespace, selector_string(owner.name))
+    status = compute_status(spec, body, deployment, pods, ctx.clock(), problem)
+    new_body = None
+    if status != body.get("status"):
+        new_body = await write_status(ctx.client, owner, status)
+    return ReconcileResult(requeue_after=requeue, body=new_body)
+
+
+async def write_status(
+    client: KubeClient, owner: Owner, status: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """Replace the whole status (a merge patch would keep stale keys and merge conditions)."""
+    try:
+        return await client.json_patch(
+            EMBEDDING_SERVICE,
+            owner.namespace,
+            owner.name,
+            [
+                {"op": "test", "path": "/metadata/uid", "value": owner.uid},
+                {"op": "add", "path": "/status", "value": dict(status)},
+            ],
+            subresource="status",
+        )
+    except ApiError as error:
+        if error.status in (404, 409, 422):
+            # Gone, or replaced by a new object of the same name: the next event reconciles it.
+            logger.info("status of %s/%s not written: %s", owner.namespace, owner.name, error)
+            return None
+        raise

@@ -1,0 +1,384 @@
+"""The EmbeddingService spec as typed, frozen values, with the CRD's defaults.
+
+The apiserver already applies the CRD schema's defaults; parsing applies the same defaults again
+so that the builders never see a missing field (an object stored before a default was added, or a
+unit test that writes a minimal spec). `tests/operator/test_crd.py` checks that the two agree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+GROUP = "warmgate.dev"
+VERSION = "v1alpha1"
+PLURAL = "embeddingservices"
+KIND = "EmbeddingService"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "float16", "bfloat16")
+POOLINGS = ("mean", "cls")
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
+PULL_POLICIES = ("IfNotPresent", "Always", "Never")
+
+
+class SpecError(ValueError):
+    """The spec cannot be turned into objects; the message names the field and what to change."""
+
+
+@dataclass(frozen=True)
+class VolumeSource:
+    """A model read from a PersistentVolumeClaim instead of the image's Hugging Face cache."""
+
+    claim_name: str
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    id: str
+    revision: str = "main"
+    served_name: str | None = None
+    pooling: str = "mean"
+    normalize: bool = True
+    max_input_length: int | None = None
+    volume: VolumeSource | None = None
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    device: str = "cpu"
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class BatchingSpec:
+    max_batch_size: int = 32
+    max_batch_tokens: int = 16384
+    max_wait_milliseconds: int = 2
+    max_concurrent_requests: int = 512
+    payload_limit_bytes: int = 2_000_000
+    pad_batch: bool = True
+
+
+@dataclass(frozen=True)
+class ObservedTrafficSpec:
+    enabled: bool = True
+    max_shapes: int = 16
+    refresh_seconds: int = 300
+
+
+@dataclass(frozen=True)
+class WarmupSpec:
+    enabled: bool = True
+    batch_sizes: tuple[int, ...] = (1, 8, 32)
+    sequence_buckets: tuple[int, ...] = (32, 64, 128, 256)
+    observed_traffic: ObservedTrafficSpec = field(default_factory=ObservedTrafficSpec)
+
+
+@dataclass(frozen=True)
+class ProbesSpec:
+    startup_timeout_seconds: int = 600
+    period_seconds: int = 5
+
+    @property
+    def startup_failure_threshold(self) -> int:
+        """How many failed startup probes a warmup may take before the kubelet restarts it."""
+        return max(1, math.ceil(self.startup_timeout_seconds / self.period_seconds))
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    max_surge: int = 1
+    max_unavailable: int = 0
+    warm_gate: bool = True
+    drain_seconds: int = 15
+    progress_deadline_seconds: int | None = None
+
+
+@dataclass(frozen=True)
+class ScalingRules:
+    """One direction of the HPA's `behavior`."""
+
+    stabilization_window_seconds: int
+    max_pods_per_period: int | None = None
+    max_percent_per_period: int | None = None
+    period_seconds: int = 60
+
+
+@dataclass(frozen=True)
+class PodsMetric:
+    name: str
+    average_value: str
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    enabled: bool = False
+    min_replicas: int = 1
+    max_replicas: int = 4
+    target_cpu_utilization_percentage: int | None = 70
+    pods_metric: PodsMetric | None = None
+    scale_up: ScalingRules = field(
+        default_factory=lambda: ScalingRules(stabilization_window_seconds=0)
+    )
+    scale_down: ScalingRules = field(
+        default_factory=lambda: ScalingRules(stabilization_window_seconds=300)
+    )
+
+
+@dataclass(frozen=True)
+class DisruptionBudgetSpec:
+    enabled: bool = True
+    min_available: int | None = None
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    type: str = "ClusterIP"
+    port: int = 80
+    node_port: int | None = None
+
+
+@dataclass(frozen=True)
+class EmbeddingServiceSpec:
+    model: ModelSpec
+    image: str | None = None
+    image_pull_policy: str = "IfNotPresent"
+    replicas: int = 1
+    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
+    resources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    batching: BatchingSpec = field(default_factory=BatchingSpec)
+    warmup: WarmupSpec = field(default_factory=WarmupSpec)
+    probes: ProbesSpec = field(default_factory=ProbesSpec)
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    autoscaling: AutoscalingSpec = field(default_factory=AutoscalingSpec)
+    disruption_budget: DisruptionBudgetSpec = field(default_factory=DisruptionBudgetSpec)
+    service: ServiceSpec = field(default_factory=ServiceSpec)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def progress_deadline_seconds(self) -> int:
+        """The rollout's deadline: explicit, or the startup budget plus ten minutes."""
+        if self.rollout.progress_deadline_seconds is not None:
+            return self.rollout.progress_deadline_seconds
+        return self.probes.startup_timeout_seconds + 600
+
+    @property
+    def min_pods(self) -> int:
+        """The fewest pods this service runs, which decides whether a disruption budget helps."""
+        if self.autoscaling.enabled:
+            return self.autoscaling.min_replicas
+        return self.replicas
+
+
+def _get(raw: Mapping[str, Any], key: str, default: Any) -> Any:
+    value = raw.get(key)
+    return default if value is None else value
+
+
+def _section(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = raw.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(f"spec.{key} must be an object")
+    return value
+
+
+def _int(raw: Mapping[str, Any], key: str, default: Any, where: str) -> Any:
+    value = _get(raw, key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{where}.{key} must be an integer, got {value!r}")
+    return value
+
+
+def _ints(
+    raw: Mapping[str, Any], key: str, default: tuple[int, ...], where: str
+) -> tuple[int, ...]:
+    values = _get(raw, key, default)
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise SpecError(f"{where}.{key} must be a non-empty list of integers")
+    return tuple(values)
+
+
+def _scaling(raw: Mapping[str, Any], default: ScalingRules, where: str) -> ScalingRules:
+    return ScalingRules(
+        stabilization_window_seconds=_int(
+            raw, "stabilizationWindowSeconds", default.stabilization_window_seconds, where
+        ),
+        max_pods_per_period=_int(raw, "maxPodsPerPeriod", None, where),
+        max_percent_per_period=_int(raw, "maxPercentPerPeriod", None, where),
+        period_seconds=_int(raw, "periodSeconds", default.period_seconds, where),
+    )
+
+
+def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
+    """Read `EmbeddingService.spec` into typed values, applying the CRD's defaults."""
+    model_raw = _section(raw, "model")
+    model_id = model_raw.get("id")
+    if not isinstance(model_id, str) or not model_id:
+        raise SpecError("spec.model.id is required: a Hugging Face id or a folder name")
+    volume_raw = model_raw.get("volume")
+    volume = None
+    if volume_raw:
+        if not volume_raw.get("claimName"):
+            raise SpecError("spec.model.volume.claimName is required when spec.model.volume is set")
+        volume = VolumeSource(claim_name=volume_raw["claimName"], path=_get(volume_raw, "path", ""))
+    model = ModelSpec(
+        id=model_id,
+        revision=_get(model_raw, "revision", "main"),
+        served_name=model_raw.get("servedName"),
+        pooling=_get(model_raw, "pooling", "mean"),
+        normalize=bool(_get(model_raw, "normalize", True)),
+        max_input_length=_int(model_raw, "maxInputLength", None, "spec.model"),
+        volume=volume,
+    )
+
+    runtime_raw = _section(raw, "runtime")
+    runtime = RuntimeSpec(
+        device=_get(runtime_raw, "device", "cpu"), dtype=_get(runtime_raw, "dtype", "float32")
+    )
+
+    b = _section(raw, "batching")
+    d = BatchingSpec()
+    batching = BatchingSpec(
+        max_batch_size=_int(b, "maxBatchSize", d.max_batch_size, "spec.batching"),
+        max_batch_tokens=_int(b, "maxBatchTokens", d.max_batch_tokens, "spec.batching"),
+        max_wait_milliseconds=_int(
+            b, "maxWaitMilliseconds", d.max_wait_milliseconds, "spec.batching"
+        ),
+        max_concurrent_requests=_int(
+            b, "maxConcurrentRequests", d.max_concurrent_requests, "spec.batching"
+        ),
+        payload_limit_bytes=_int(b, "payloadLimitBytes", d.payload_limit_bytes, "spec.batching"),
+        pad_batch=bool(_get(b, "padBatch", d.pad_batch)),
+    )
+
+    w = _section(raw, "warmup")
+    dw = WarmupSpec()
+    o = _section(w, "observedTraffic")
+    do = ObservedTrafficSpec()
+    warmup = WarmupSpec(
+        enabled=bool(_get(w, "enabled", dw.enabled)),
+        batch_sizes=_ints(w, "batchSizes", dw.batch_sizes, "spec.warmup"),
+        sequence_buckets=_ints(w, "sequenceBuckets", dw.sequence_buckets, "spec.warmup"),
+        observed_traffic=ObservedTrafficSpec(
+            enabled=bool(_get(o, "enabled", do.enabled)),
+            max_shapes=_int(o, "maxShapes", do.max_shapes, "spec.warmup.observedTraffic"),
+            refresh_seconds=_int(
+                o, "refreshSeconds", do.refresh_seconds, "spec.warmup.observedTraffic"
+            ),
+        ),
+    )
+
+    p = _section(raw, "probes")
+    dp = ProbesSpec()
+    probes = ProbesSpec(
+        startup_timeout_seconds=_int(
+            p, "startupTimeoutSeconds", dp.startup_timeout_seconds, "spec.probes"
+        ),
+        period_seconds=_int(p, "periodSeconds", dp.period_seconds, "spec.probes"),
+    )
+    if probes.period_seconds < 1:
+        raise SpecError("spec.probes.periodSeconds must be at least 1")
+
+    r = _section(raw, "rollout")
+    dr = RolloutSpec()
+    rollout = RolloutSpec(
+        max_surge=_int(r, "maxSurge", dr.max_surge, "spec.rollout"),
+        max_unavailable=_int(r, "maxUnavailable", dr.max_unavailable, "spec.rollout"),
+        warm_gate=bool(_get(r, "warmGate", dr.warm_gate)),
+        drain_seconds=_int(r, "drainSeconds", dr.drain_seconds, "spec.rollout"),
+        progress_deadline_seconds=_int(r, "progressDeadlineSeconds", None, "spec.rollout"),
+    )
+
+    a = _section(raw, "autoscaling")
+    da = AutoscalingSpec()
+    pods_raw = a.get("podsMetric")
+    pods_metric = None
+    if pods_raw:
+        pods_metric = PodsMetric(name=pods_raw["name"], average_value=str(pods_raw["averageValue"]))
+    autoscaling = AutoscalingSpec(
+        enabled=bool(_get(a, "enabled", da.enabled)),
+        min_replicas=_int(a, "minReplicas", da.min_replicas, "spec.autoscaling"),
+        max_replicas=_int(a, "maxReplicas", da.max_replicas, "spec.autoscaling"),
+        # CPU is the target unless only a pods metric was asked for.
+        target_cpu_utilization_percentage=_int(
+            a,
+            "targetCPUUtilizationPercentage",
+            None if pods_metric else da.target_cpu_utilization_percentage,
+            "spec.autoscaling",
+        ),
+        pods_metric=pods_metric,
+        scale_up=_scaling(_section(a, "scaleUp"), da.scale_up, "spec.autoscaling.scaleUp"),
+        scale_down=_scaling(_section(a, "scaleDown"), da.scale_down, "spec.autoscaling.scaleDown"),
+    )
+
+    db = _section(raw, "disruptionBudget")
+    disruption_budget = DisruptionBudgetSpec(
+        enabled=bool(_get(db, "enabled", True)),
+        min_available=_int(db, "minAvailable", None, "spec.disruptionBudget"),
+    )
+
+    s = _section(raw, "service")
+    service = ServiceSpec(
+        type=_get(s, "type", "ClusterIP"),
+        port=_int(s, "port", 80, "spec.service"),
+        node_port=_int(s, "nodePort", None, "spec.service"),
+    )
+
+    resources = {
+        kind: {str(k): str(v) for k, v in (values or {}).items()}
+        for kind, values in _section(raw, "resources").items()
+        if kind in ("limits", "requests")
+    }
+
+    spec = EmbeddingServiceSpec(
+        model=model,
+        image=raw.get("image") or None,
+        image_pull_policy=_get(raw, "imagePullPolicy", "IfNotPresent"),
+        replicas=_int(raw, "replicas", 1, "spec"),
+        runtime=runtime,
+        resources=resources,
+        batching=batching,
+        warmup=warmup,
+        probes=probes,
+        rollout=rollout,
+        autoscaling=autoscaling,
+        disruption_budget=disruption_budget,
+        service=service,
+        node_selector=dict(_section(raw, "nodeSelector")),
+    )
+    _check(spec)
+    return spec
+
+
+def _check(spec: EmbeddingServiceSpec) -> None:
+    """The rules the builders rely on; the CRD rejects these first, this guards old objects."""
+    for name, value, allowed in (
+        ("spec.runtime.device", spec.runtime.device, DEVICES),
+        ("spec.runtime.dtype", spec.runtime.dtype, DTYPES),
+        ("spec.model.pooling", spec.model.pooling, POOLINGS),
+        ("spec.service.type", spec.service.type, SERVICE_TYPES),
+        ("spec.imagePullPolicy", spec.image_pull_policy, PULL_POLICIES),
+    ):
+        if value not in allowed:
+            raise SpecError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    if spec.replicas < 0:
+        raise SpecError("spec.replicas must be 0 or more")
+    if spec.autoscaling.enabled and spec.autoscaling.min_replicas > spec.autoscaling.max_replicas:
+        raise SpecError("spec.autoscaling.minReplicas must be <= spec.autoscaling.maxReplicas")
+    for name, values in (
+        ("spec.warmup.batchSizes", spec.warmup.batch_sizes),
+        ("spec.warmup.sequenceBuckets", spec.warmup.sequence_buckets),
+    ):
+        if list(values) != sorted(set(values)) or values[0] < 1:
+            raise SpecError(f"{name} must be positive, ascending and unique, got {list(values)}")
+    if spec.rollout.max_surge + spec.rollout.max_unavailable < 1:
+        raise SpecError("spec.rollout.maxSurge and spec.rollout.maxUnavailable cannot both be 0")

@@ -1,0 +1,132 @@
+"""An in-memory stand-in for the operator's KubeClient, counting reads and writes."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from warmgate_operator.kube import ApiError, ResourceKind
+
+WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.requests: Counter[str] = Counter()
+        self.log: list[tuple[str, str, str]] = []
+        self.events: list[dict[str, Any]] = []
+        self._rv = itertools.count(100)
+        self._uid = itertools.count(1)
+        self.fail_apply_for: set[str] = set()
+
+    @property
+    def writes(self) -> int:
+        return sum(n for m, n in self.requests.items() if m in WRITE_METHODS)
+
+    def _count(self, method: str, kind: str, name: str) -> None:
+        self.requests[method] += 1
+        self.log.append((method, kind, name))
+
+    def put(self, kind: ResourceKind, obj: Mapping[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(dict(obj))
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", f"uid-{next(self._uid)}")
+        meta["resourceVersion"] = str(next(self._rv))
+        self.objects[(kind.kind, meta["namespace"], meta["name"])] = obj
+        return copy.deepcopy(obj)
+
+    def find(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get((kind.kind, namespace, name))
+
+    async def get(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
+        self._count("GET", kind.kind, name)
+        obj = self.objects.get((kind.kind, namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    async def list(self, kind: ResourceKind, namespace: str, label_selector: str) -> list[dict]:
+        self._count("LIST", kind.kind, label_selector)
+        wanted = dict(part.split("=", 1) for part in label_selector.split(","))
+        return [
+            copy.deepcopy(o)
+            for (k, ns, _), o in self.objects.items()
+            if k == kind.kind
+            and ns == namespace
+            and all(o["metadata"].get("labels", {}).get(a) == b for a, b in wanted.items())
+        ]
+
+    async def apply(
+        self, kind: ResourceKind, obj: Mapping[str, Any], field_manager: str
+    ) -> dict[str, Any]:
+        self._count("PATCH", kind.kind, obj["metadata"]["name"])
+        if kind.kind in self.fail_apply_for:
+            raise ApiError(500, "InternalError", "injected failure")
+        meta = obj["metadata"]
+        current = self.objects.get((kind.kind, meta["namespace"], meta["name"]))
+        new = copy.deepcopy(dict(obj))
+        if current is not None:
+            merged = copy.deepcopy(current)
+            _merge(merged, new)
+            # SSA drops a field its manager stops applying unless another manager holds it.
+            if (
+                field_manager == "warmgate"
+                and "replicas" not in new.get("spec", {})
+                and not _held_by_other(current, "warmgate")
+            ):
+                merged.get("spec", {}).pop("replicas", None)
+            new = merged
+        fields = {"f:spec": {"f:replicas": {}}} if "replicas" in obj.get("spec", {}) else {}
+        managed = [
+            m for m in (new["metadata"].get("managedFields") or []) if m["manager"] != field_manager
+        ]
+        managed.append({"manager": field_manager, "operation": "Apply", "fieldsV1": fields})
+        new["metadata"]["managedFields"] = managed
+        if current is not None:
+            new["metadata"]["uid"] = current["metadata"]["uid"]
+        return self.put(kind, new)
+
+    async def delete(
+        self, kind: ResourceKind, namespace: str, name: str, uid: str | None = None
+    ) -> None:
+        self._count("DELETE", kind.kind, name)
+        self.objects.pop((kind.kind, namespace, name), None)
+
+    async def json_patch(
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        name: str,
+        operations: list[dict[str, Any]],
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        self._count("PATCH", kind.kind + (f"/{subresource}" if subresource else ""), name)
+        obj = copy.deepcopy(self.objects[(kind.kind, namespace, name)])
+        for op in operations:
+            if op["op"] == "test":
+                assert obj["metadata"]["uid"] == op["value"]
+            elif op["op"] == "add" and op["path"] == "/status":
+                obj["status"] = copy.deepcopy(op["value"])
+        return self.put(kind, obj)
+
+    async def create(self, kind: ResourceKind, namespace: str, body: Mapping[str, Any]) -> dict:
+        self._count("POST", kind.kind, body["metadata"].get("generateName", ""))
+        self.events.append(copy.deepcopy(dict(body)))
+        return dict(body)
+
+
+def _merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+def _held_by_other(obj: Mapping[str, Any], manager: str) -> bool:
+    return any(
+        m["manager"] != manager and "f:replicas" in m.get("fieldsV1", {}).get("f:spec", {})
+        for m in obj["metadata"].get("managedFields") or []
+    )

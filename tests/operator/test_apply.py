@@ -1,0 +1,149 @@
+"""The apply layer: skip what is already there, apply what differs, never take others' objects."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from operator_fakes import FakeClient
+from warmgate_operator import apply
+from warmgate_operator.builders import Owner, build_children
+from warmgate_operator.kube import DEPLOYMENT, HPA, SERVICE
+from warmgate_operator.spec import parse_spec
+
+OWNER = Owner("minilm", "default", "uid-owner")
+
+
+def desired(**spec):
+    return build_children(parse_spec({"model": {"id": "m"}, **spec}), OWNER, "img")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("1", Decimal(1)),
+        ("500m", Decimal("0.5")),
+        ("1Gi", Decimal(2**30)),
+        ("2k", Decimal(2000)),
+        ("1e3", Decimal(1000)),
+        (3, Decimal(3)),
+        ("http", None),
+        (True, None),
+    ],
+)
+def test_parse_quantity(value, expected) -> None:
+    assert apply.parse_quantity(value) == expected
+
+
+def test_subset_ignores_fields_the_apiserver_adds() -> None:
+    want = {"spec": {"containers": [{"name": "server", "image": "a"}], "replicas": 2}}
+    have = {
+        "spec": {
+            "containers": [
+                {"name": "istio-proxy", "image": "x"},
+                {"name": "server", "image": "a", "terminationMessagePath": "/dev/termination-log"},
+            ],
+            "replicas": 2,
+            "revisionHistoryLimit": 10,
+        }
+    }
+    assert apply.is_subset(want, have)
+    assert not apply.is_subset({"spec": {"replicas": 3}}, have)
+    assert not apply.is_subset({"spec": {"containers": [{"name": "server", "image": "b"}]}}, have)
+
+
+def test_subset_compares_quantities_by_value_and_lists_exactly() -> None:
+    assert apply.is_subset({"cpu": "1000m"}, {"cpu": "1"})
+    assert not apply.is_subset({"cpu": "100m"}, {"cpu": "1"})
+    assert apply.is_subset({"args": ["--a", "--b"]}, {"args": ["--a", "--b"]})
+    assert not apply.is_subset({"args": ["--a"]}, {"args": ["--a", "--b"]})
+    assert not apply.is_subset({"x": 1}, {"x": True})
+    assert not apply.is_subset({"port": "http"}, {"port": 8080})
+
+
+async def test_ensure_creates_then_skips() -> None:
+    client = FakeClient()
+    children = desired()
+    first = await apply.ensure(client, DEPLOYMENT, children.deployment)
+    assert first.action == "created"
+    stored = client.find(DEPLOYMENT, "default", "minilm")
+    assert stored["metadata"]["annotations"][apply.APPLIED_HASH_ANNOTATION]
+    writes = client.writes
+    second = await apply.ensure(client, DEPLOYMENT, desired().deployment)
+    assert second.action == "unchanged"
+    assert client.writes == writes
+
+
+async def test_ensure_repairs_drift() -> None:
+    client = FakeClient()
+    await apply.ensure(client, SERVICE, desired().service)
+    client.find(SERVICE, "default", "minilm")["spec"]["type"] = "LoadBalancer"
+    outcome = await apply.ensure(client, SERVICE, desired().service)
+    assert outcome.action == "updated"
+    assert client.find(SERVICE, "default", "minilm")["spec"]["type"] == "ClusterIP"
+
+
+async def test_ensure_refuses_objects_controlled_by_someone_else() -> None:
+    client = FakeClient()
+    foreign = desired().service
+    foreign["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
+    client.put(SERVICE, foreign)
+    with pytest.raises(apply.ChildConflict, match="controlled by another owner"):
+        await apply.ensure(client, SERVICE, desired().service)
+
+
+async def test_ensure_absent_deletes_only_own_children() -> None:
+    client = FakeClient()
+    await apply.ensure(client, HPA, desired(autoscaling={"enabled": True}).hpa)
+    outcome = await apply.ensure_absent(client, HPA, "default", "minilm", "uid-owner")
+    assert outcome.action == "deleted"
+    assert client.find(HPA, "default", "minilm") is None
+    again = await apply.ensure_absent(client, HPA, "default", "minilm", "uid-owner")
+    assert again.action == "absent"
+    foreign = desired(autoscaling={"enabled": True}).hpa
+    foreign["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
+    client.put(HPA, foreign)
+    assert (
+        await apply.ensure_absent(client, HPA, "default", "minilm", "uid-owner")
+    ).action == "absent"
+    assert client.find(HPA, "default", "minilm") is not None
+
+
+async def test_turning_autoscaling_on_hands_replicas_over_instead_of_resetting_them() -> None:
+    client = FakeClient()
+    await apply.ensure(client, DEPLOYMENT, desired(replicas=3).deployment)
+    outcome = await apply.ensure(
+        client, DEPLOYMENT, desired(replicas=3, autoscaling={"enabled": True}).deployment
+    )
+    assert outcome.action == "updated"
+    managers = [
+        (m.method, m.kind) if hasattr(m, "method") else m for m in client.log if m[0] == "PATCH"
+    ]
+    assert len(managers) == 3  # create, handover, apply without replicas
+    stored = client.find(DEPLOYMENT, "default", "minilm")
+    assert stored["spec"]["replicas"] == 3
+    held = {m["manager"] for m in stored["metadata"]["managedFields"] if m["fieldsV1"]}
+    assert held == {apply.HANDOVER_FIELD_MANAGER}
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@given(json_values)
+def test_every_object_is_a_subset_of_itself(value) -> None:
+    assert apply.is_subset(value, value)
+
+
+@given(st.dictionaries(st.text(max_size=5), json_values, max_size=4), st.text(max_size=5))
+def test_extra_fields_in_the_live_object_do_not_count(desired, extra_key) -> None:
+    current = {**desired}
+    current.setdefault(extra_key, "added by the apiserver")
+    assert apply.is_subset(desired, current)

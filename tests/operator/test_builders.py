@@ -1,0 +1,377 @@
+"""The pure builders: the objects an EmbeddingService turns into."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from warmgate_operator import builders
+from warmgate_operator.builders import Owner, build_children
+from warmgate_operator.config import DEFAULT_SERVER_IMAGE
+from warmgate_operator.spec import parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+OWNER = Owner(name="minilm", namespace="default", uid="0c5e3a8e-1111-4222-8333-944455556666")
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+
+
+def example_spec(**overrides: Any) -> dict[str, Any]:
+    raw = yaml.safe_load((ROOT / "examples" / "minilm.yaml").read_text())["spec"]
+    for path, value in overrides.items():
+        node = raw
+        *parents, last = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return raw
+
+
+def children(**overrides: Any) -> builders.DesiredChildren:
+    return build_children(parse_spec(example_spec(**overrides)), OWNER, DEFAULT_SERVER_IMAGE)
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (server,) = deployment["spec"]["template"]["spec"]["containers"]
+    return server
+
+
+def check_golden(name: str, obj: dict[str, Any]) -> None:
+    path = GOLDEN / name
+    text = yaml.safe_dump(obj, sort_keys=False, width=100)
+    if UPDATE:
+        path.write_text(text)
+    assert path.exists(), f"{name} is missing; UPDATE_GOLDEN=1 writes it"
+    assert yaml.safe_load(path.read_text()) == obj, f"{name} differs; UPDATE_GOLDEN=1 rewrites it"
+
+
+def test_deployment_matches_golden_file() -> None:
+    check_golden("deployment-minilm.yaml", children().deployment)
+
+
+def test_autoscaled_children_match_golden_file() -> None:
+    desired = children(
+        **{
+            "autoscaling.enabled": True,
+            "autoscaling.minReplicas": 2,
+            "autoscaling.maxReplicas": 6,
+            "autoscaling.targetCPUUtilizationPercentage": 60,
+            "autoscaling.podsMetric": {"name": "warmgate_queue_depth", "averageValue": "8"},
+            "autoscaling.scaleUp": {"stabilizationWindowSeconds": 0, "maxPodsPerPeriod": 2},
+            "autoscaling.scaleDown": {"stabilizationWindowSeconds": 600, "maxPercentPerPeriod": 50},
+        }
+    )
+    check_golden("hpa-minilm.yaml", desired.hpa)
+
+
+def test_probes_split_liveness_readiness_and_startup() -> None:
+    server = container(children().deployment)
+    assert server["livenessProbe"]["httpGet"] == {
+        "path": "/healthz",
+        "port": "http",
+        "scheme": "HTTP",
+    }
+    assert server["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert server["startupProbe"]["httpGet"]["path"] == "/ready"
+    # examples/minilm.yaml: startupTimeoutSeconds 300, periodSeconds 2 -> 150 tries of 2 s.
+    assert server["startupProbe"]["periodSeconds"] == 2
+    assert server["startupProbe"]["failureThreshold"] == 150
+    assert server["readinessProbe"]["periodSeconds"] == 2
+
+
+def test_startup_threshold_rounds_up() -> None:
+    server = container(
+        children(**{"probes.startupTimeoutSeconds": 601, "probes.periodSeconds": 5}).deployment
+    )
+    assert server["startupProbe"]["failureThreshold"] == 121
+
+
+def test_warm_gate_adds_the_readiness_gate_and_can_be_turned_off() -> None:
+    pod = children().deployment["spec"]["template"]["spec"]
+    assert pod["readinessGates"] == [{"conditionType": "warmgate.dev/warmed"}]
+    pod = children(**{"rollout.warmGate": False}).deployment["spec"]["template"]["spec"]
+    assert "readinessGates" not in pod
+
+
+def test_rolling_update_defaults_keep_full_capacity() -> None:
+    raw = example_spec()
+    del raw["rollout"]
+    deployment = build_children(parse_spec(raw), OWNER, "img").deployment
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert deployment["spec"]["progressDeadlineSeconds"] == 300 + 600
+
+
+def test_grace_period_outlasts_prestop_and_drain() -> None:
+    deployment = children(**{"rollout.drainSeconds": 20}).deployment
+    pod = deployment["spec"]["template"]["spec"]
+    prestop = container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
+    assert prestop[0] == "sleep"
+    assert pod["terminationGracePeriodSeconds"] > int(prestop[1]) + 20
+    assert "--drain-seconds=20" in container(deployment)["args"]
+
+
+def test_restricted_security_context() -> None:
+    deployment = children().deployment
+    pod = deployment["spec"]["template"]["spec"]
+    server = container(deployment)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert isinstance(pod["securityContext"]["runAsUser"], int)
+    assert server["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+    }
+    mounts = {m["mountPath"]: m["name"] for m in server["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/tmp"]] == {"name": "tmp", "emptyDir": {}}
+    assert "emptyDir" in volumes[mounts["/var/cache/warmgate"]]
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_server_flags_follow_the_contract() -> None:
+    args = container(children().deployment)["args"]
+    assert args == [
+        "--model=sentence-transformers/all-MiniLM-L6-v2",
+        "--model-revision=main",
+        "--port=8080",
+        "--device=cpu",
+        "--dtype=float32",
+        "--pooling=mean",
+        "--normalize",
+        "--max-input-length=128",
+        "--max-batch-size=8",
+        "--max-batch-tokens=1024",
+        "--max-wait-ms=2",
+        "--max-concurrent-requests=256",
+        "--payload-limit=2000000",
+        "--sequence-buckets=32,64,128",
+        "--warmup-batch-sizes=1,8",
+        "--warmup-profile=/etc/warmgate/profile/profile.json",
+        "--pad-batch",
+        "--warmup",
+        "--drain-seconds=5",
+    ]
+
+
+def test_bind_address_and_pod_name_come_from_the_downward_api() -> None:
+    env = {e["name"]: e for e in container(children().deployment)["env"]}
+    assert env["WARMGATE_HOST"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert container(children().deployment)["ports"] == [
+        {"name": "http", "containerPort": 8080, "protocol": "TCP"}
+    ]
+
+
+def test_profile_is_mounted_from_the_configmap() -> None:
+    desired = children()
+    pod = desired.deployment["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "warmup-profile"]
+    assert volume["configMap"]["name"] == desired.configmap["metadata"]["name"]
+    mount = [
+        m for m in container(desired.deployment)["volumeMounts"] if m["name"] == "warmup-profile"
+    ]
+    assert mount[0]["mountPath"] == "/etc/warmgate/profile"
+    assert json.loads(desired.configmap["data"]["profile.json"]) == {"shapes": []}
+
+
+def test_profile_content_never_changes_the_pod_template() -> None:
+    spec = parse_spec(example_spec())
+    empty = build_children(spec, OWNER, "img")
+    learned = build_children(spec, OWNER, "img", [{"batch_size": 8, "seq_len": 64, "count": 1532}])
+    assert learned.configmap != empty.configmap
+    assert json.loads(learned.configmap["data"]["profile.json"])["shapes"] == [
+        {"batch_size": 8, "seq_len": 64, "count": 1532}
+    ]
+    assert learned.deployment == empty.deployment
+
+
+def test_spec_hash_changes_only_with_the_pod_template() -> None:
+    def spec_hash(desired: builders.DesiredChildren) -> str:
+        return desired.deployment["spec"]["template"]["metadata"]["annotations"][
+            "warmgate.dev/spec-hash"
+        ]
+
+    base = children()
+    assert spec_hash(base) == spec_hash(children())
+    # Not in the pod template: no new pods.
+    for override in (
+        {"replicas": 5},
+        {"service.port": 8081},
+        {"rollout.maxSurge": 2},
+        {"autoscaling.enabled": True},
+    ):
+        assert spec_hash(children(**override)) == spec_hash(base), override
+    # In the pod template: a rollout.
+    for override in (
+        {"model.revision": "v2"},
+        {"batching.maxBatchSize": 16},
+        {"image": "example.org/other:1"},
+        {"probes.periodSeconds": 3},
+    ):
+        assert spec_hash(children(**override)) != spec_hash(base), override
+
+
+def test_cuda_requests_one_gpu_unless_told_otherwise() -> None:
+    server = container(
+        children(**{"runtime.device": "cuda", "runtime.dtype": "float16"}).deployment
+    )
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "--dtype=float16" in server["args"]
+    server = container(
+        children(
+            **{"runtime.device": "cuda", "resources.limits": {"nvidia.com/gpu": 2, "memory": "8Gi"}}
+        ).deployment
+    )
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    cpu_server = container(children().deployment)
+    assert "nvidia.com/gpu" not in cpu_server["resources"].get("limits", {})
+
+
+def test_default_requests_fill_only_missing_resources() -> None:
+    raw = example_spec()
+    del raw["resources"]
+    server = container(build_children(parse_spec(raw), OWNER, "img").deployment)
+    assert server["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}}
+    server = container(children().deployment)
+    assert server["resources"] == {
+        "requests": {"cpu": "100m", "memory": "256Mi"},
+        "limits": {"memory": "1Gi"},
+    }
+
+
+def test_labels_selector_and_owner_reference() -> None:
+    desired = children()
+    expected_labels = {
+        "app.kubernetes.io/name": "warmgate-server",
+        "app.kubernetes.io/instance": "minilm",
+        "app.kubernetes.io/managed-by": "warmgate",
+        "warmgate.dev/service": "minilm",
+    }
+    for child in (desired.deployment, desired.service, desired.configmap, desired.pdb):
+        assert child["metadata"]["labels"] == expected_labels
+        assert child["metadata"]["namespace"] == "default"
+        (ref,) = child["metadata"]["ownerReferences"]
+        assert ref == {
+            "apiVersion": "warmgate.dev/v1alpha1",
+            "kind": "EmbeddingService",
+            "name": "minilm",
+            "uid": OWNER.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    template_labels = desired.deployment["spec"]["template"]["metadata"]["labels"]
+    assert template_labels == expected_labels
+    selector = desired.deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= template_labels.items()
+    assert desired.service["spec"]["selector"] == selector
+
+
+def test_service_forwards_its_port_to_http() -> None:
+    service = children(**{"service.nodePort": 30080}).service
+    assert service["spec"]["type"] == "NodePort"
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP", "nodePort": 30080}
+    ]
+    assert "nodePort" not in children(**{"service.type": "ClusterIP"}).service["spec"]["ports"][0]
+
+
+def test_autoscaling_leaves_replicas_to_the_hpa() -> None:
+    off = children()
+    assert off.deployment["spec"]["replicas"] == 2
+    assert off.hpa is None
+    on = children(**{"autoscaling.enabled": True, "autoscaling.minReplicas": 2})
+    assert "replicas" not in on.deployment["spec"]
+    assert on.hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "minilm",
+    }
+    assert on.hpa["spec"]["minReplicas"] == 2
+    assert on.hpa["spec"]["metrics"] == [
+        {
+            "type": "Resource",
+            "resource": {
+                "name": "cpu",
+                "target": {"type": "Utilization", "averageUtilization": 70},
+            },
+        }
+    ]
+    assert on.hpa["spec"]["behavior"] == {
+        "scaleUp": {"stabilizationWindowSeconds": 0},
+        "scaleDown": {"stabilizationWindowSeconds": 300},
+    }
+
+
+def test_hpa_behaviour_policies() -> None:
+    hpa = children(
+        **{
+            "autoscaling.enabled": True,
+            "autoscaling.scaleUp": {
+                "stabilizationWindowSeconds": 30,
+                "maxPodsPerPeriod": 4,
+                "maxPercentPerPeriod": 100,
+                "periodSeconds": 15,
+            },
+        }
+    ).hpa
+    assert hpa["spec"]["behavior"]["scaleUp"] == {
+        "stabilizationWindowSeconds": 30,
+        "policies": [
+            {"type": "Pods", "value": 4, "periodSeconds": 15},
+            {"type": "Percent", "value": 100, "periodSeconds": 15},
+        ],
+        "selectPolicy": "Max",
+    }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"replicas": 1}, None),
+        ({"replicas": 2}, {"maxUnavailable": 1}),
+        ({"replicas": 3, "disruptionBudget.minAvailable": 2}, {"minAvailable": 2}),
+        ({"replicas": 3, "disruptionBudget.enabled": False}, None),
+        (
+            {"replicas": 1, "autoscaling.enabled": True, "autoscaling.minReplicas": 2},
+            {"maxUnavailable": 1},
+        ),
+        ({"replicas": 5, "autoscaling.enabled": True, "autoscaling.minReplicas": 1}, None),
+    ],
+)
+def test_disruption_budget_only_with_more_than_one_pod(
+    overrides: dict, expected: dict | None
+) -> None:
+    pdb = children(**overrides).pdb
+    if expected is None:
+        assert pdb is None
+    else:
+        assert pdb["apiVersion"] == "policy/v1"
+        assert {k: v for k, v in pdb["spec"].items() if k != "selector"} == expected
+        assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == "minilm"
+
+
+def test_model_from_a_volume() -> None:
+    desired = children(**{"model.volume": {"claimName": "models", "path": "minilm"}})
+    server = container(desired.deployment)
+    assert "--model=/var/lib/warmgate/models/minilm" in server["args"]
+    pod = desired.deployment["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "model"]
+    assert volume["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+
+
+def test_builders_are_deterministic() -> None:
+    assert children() == children()
+    assert builders.content_hash(children().deployment) == builders.content_hash(
+        children().deployment
+    )

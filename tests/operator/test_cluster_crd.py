@@ -1,0 +1,227 @@
+"""The CRD against the real kube-apiserver: valid examples pass, a corpus of mistakes is
+rejected with a message that names the field, `kubectl explain` teaches the API."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import yaml
+from cluster_helpers import ROOT, example, install_crd
+
+pytestmark = pytest.mark.cluster
+
+
+def _set(path: str, value: Any) -> Callable[[dict], None]:
+    def mutate(body: dict) -> None:
+        node = body
+        *parents, last = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+
+    return mutate
+
+
+def _delete(path: str) -> Callable[[dict], None]:
+    def mutate(body: dict) -> None:
+        node = body
+        *parents, last = path.split(".")
+        for part in parents:
+            node = node[part]
+        del node[last]
+
+    return mutate
+
+
+def _all(*mutations: Callable[[dict], None]) -> Callable[[dict], None]:
+    def mutate(body: dict) -> None:
+        for m in mutations:
+            m(body)
+
+    return mutate
+
+
+# (mistake, mutation of examples/minilm.yaml, words the apiserver's message must contain)
+CORPUS: list[tuple[str, Callable[[dict], None], list[str]]] = [
+    ("model id missing", _delete("spec.model.id"), ["spec.model.id", "Required value"]),
+    ("misspelt field", _set("spec.replica", 3), ['unknown field "spec.replica"']),
+    ("negative replicas", _set("spec.replicas", -1), ["spec.replicas", "greater than or equal"]),
+    ("replicas as text", _set("spec.replicas", "two"), ["spec.replicas", "integer"]),
+    (
+        "min above max replicas",
+        _set("spec.autoscaling", {"enabled": True, "minReplicas": 5, "maxReplicas": 2}),
+        ["spec.autoscaling.minReplicas", "must be <= autoscaling.maxReplicas"],
+    ),
+    (
+        "buckets out of order",
+        _set("spec.warmup.sequenceBuckets", [64, 32, 128]),
+        ["spec.warmup.sequenceBuckets", "ascending"],
+    ),
+    (
+        "duplicate bucket",
+        _set("spec.warmup.sequenceBuckets", [32, 32, 128]),
+        ["spec.warmup.sequenceBuckets", "Duplicate value"],
+    ),
+    (
+        "duplicate batch size",
+        _set("spec.warmup.batchSizes", [1, 1, 8]),
+        ["spec.warmup.batchSizes", "Duplicate value"],
+    ),
+    (
+        "warmup shape over the token budget",
+        _set("spec.batching.maxBatchTokens", 512),
+        ["spec.batching.maxBatchTokens", "must not exceed batching.maxBatchTokens"],
+    ),
+    (
+        "warmup batch above maxBatchSize",
+        _all(_set("spec.warmup.batchSizes", [1, 16]), _set("spec.batching.maxBatchTokens", 4096)),
+        ["spec.warmup.batchSizes", "batching.maxBatchSize"],
+    ),
+    ("empty warmup batch sizes", _set("spec.warmup.batchSizes", []), ["spec.warmup.batchSizes"]),
+    (
+        "startup timeout below probe period",
+        _set("spec.probes", {"startupTimeoutSeconds": 2, "periodSeconds": 5}),
+        ["spec.probes.startupTimeoutSeconds", "must be >= probes.periodSeconds"],
+    ),
+    (
+        "unknown pooling",
+        _set("spec.model.pooling", "max"),
+        ["spec.model.pooling", 'Unsupported value: "max"'],
+    ),
+    (
+        "unknown device",
+        _set("spec.runtime.device", "tpu"),
+        ["spec.runtime.device", 'Unsupported value: "tpu"'],
+    ),
+    (
+        "float16 on cpu",
+        _set("spec.runtime.dtype", "float16"),
+        ["spec.runtime.dtype", "needs runtime.device cuda"],
+    ),
+    (
+        "unknown service type",
+        _set("spec.service.type", "ExternalName"),
+        ["spec.service.type", "Unsupported value"],
+    ),
+    ("port out of range", _set("spec.service.port", 70000), ["spec.service.port", "65535"]),
+    (
+        "node port on a ClusterIP service",
+        _set("spec.service", {"type": "ClusterIP", "nodePort": 30080}),
+        ["spec.service.nodePort", "NodePort or LoadBalancer"],
+    ),
+    (
+        "neither surge nor unavailability",
+        _set("spec.rollout", {"maxSurge": 0, "maxUnavailable": 0}),
+        ["spec.rollout.maxSurge", "cannot both be 0"],
+    ),
+    (
+        "progress deadline shorter than warmup",
+        _set("spec.rollout.progressDeadlineSeconds", 100),
+        ["spec.rollout.progressDeadlineSeconds", "probes.startupTimeoutSeconds"],
+    ),
+    (
+        "cpu target above 100",
+        _set("spec.autoscaling.targetCPUUtilizationPercentage", 150),
+        ["spec.autoscaling.targetCPUUtilizationPercentage", "less than or equal to 100"],
+    ),
+    (
+        "disruption budget blocking every eviction",
+        _set("spec.disruptionBudget", {"minAvailable": 2}),
+        ["spec.disruptionBudget.minAvailable", "less than replicas"],
+    ),
+    (
+        "input longer than the largest bucket",
+        _set("spec.model.maxInputLength", 512),
+        ["spec.model.maxInputLength", "largest warmup.sequenceBuckets"],
+    ),
+    (
+        "not a quantity",
+        _set("spec.resources.requests.cpu", "lots"),
+        ["spec.resources.requests.cpu", "should match"],
+    ),
+    (
+        "volume without a claim",
+        _set("spec.model.volume", {"path": "minilm"}),
+        ["spec.model.volume.claimName", "Required value"],
+    ),
+    (
+        "name that cannot name a Service",
+        _set("metadata.name", "9-minilm"),
+        ["metadata.name", "must start with a letter"],
+    ),
+    (
+        "name too long for pod names",
+        _set("metadata.name", "m" * 60),
+        ["metadata.name", "at most 47 characters"],
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def crd(devcluster: Any) -> None:
+    install_crd(devcluster)
+
+
+def test_corpus_is_large_and_distinct() -> None:
+    names = [name for name, _, _ in CORPUS]
+    assert len(names) >= 15
+    assert len(set(names)) == len(names)
+
+
+@pytest.mark.parametrize(("mistake", "mutate", "words"), CORPUS, ids=[c[0] for c in CORPUS])
+def test_invalid_manifest_is_rejected_naming_the_field(
+    devcluster: Any, crd: None, namespace: str, mistake: str, mutate: Callable, words: list[str]
+) -> None:
+    body = copy.deepcopy(example())
+    mutate(body)
+    result = devcluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-",
+        input=json.dumps(body), check=False,
+    )  # fmt: skip
+    assert result.returncode != 0, f"{mistake}: accepted"
+    for word in words:
+        assert word in result.stderr, f"{mistake}: {word!r} not in {result.stderr!r}"
+
+
+def test_examples_are_accepted_and_defaulted(devcluster: Any, crd: None, namespace: str) -> None:
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        result = devcluster.kubectl(
+            "apply", "--dry-run=server", "-n", namespace, "-f", str(path), "-o", "json"
+        )
+        stored = json.loads(result.stdout)
+        if stored.get("kind") == "EmbeddingService":
+            assert stored["spec"]["warmup"]["observedTraffic"]["enabled"] is True, path.name
+    minimal = {
+        "apiVersion": "warmgate.dev/v1alpha1",
+        "kind": "EmbeddingService",
+        "metadata": {"name": "minimal"},
+        "spec": {"model": {"id": "sentence-transformers/all-MiniLM-L6-v2"}},
+    }
+    result = devcluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", "-o", "yaml",
+        input=json.dumps(minimal),
+    )  # fmt: skip
+    spec = yaml.safe_load(result.stdout)["spec"]
+    assert spec["replicas"] == 1
+    assert spec["rollout"] == {
+        "maxSurge": 1,
+        "maxUnavailable": 0,
+        "warmGate": True,
+        "drainSeconds": 15,
+    }
+    assert spec["probes"] == {"startupTimeoutSeconds": 600, "periodSeconds": 5}
+    assert spec["warmup"]["sequenceBuckets"] == [32, 64, 128, 256]
+    assert spec["autoscaling"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+
+
+def test_kubectl_explain_teaches_the_api(devcluster: Any, crd: None) -> None:
+    result = devcluster.kubectl("explain", "embeddingservice.spec.warmup")
+    assert "batchSizes" in result.stdout
+    assert "sequenceBuckets" in result.stdout
+    assert "warmup plan" in result.stdout
+    result = devcluster.kubectl("explain", "emb.spec.probes.startupTimeoutSeconds")
+    assert "failureThreshold" in result.stdout

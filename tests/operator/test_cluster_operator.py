@@ -1,0 +1,500 @@
+"""The operator as a process against the devcluster's real apiserver, controllers and garbage
+collector, driven with kubectl the way a user would."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from cluster_helpers import (
+    OperatorProcess,
+    apply,
+    example,
+    get_json,
+    install_crd,
+    items,
+    wait_until,
+)
+
+pytestmark = pytest.mark.cluster
+
+RESYNC = "2"
+
+
+@pytest.fixture(scope="module")
+def crd(devcluster: Any) -> None:
+    install_crd(devcluster)
+
+
+@pytest.fixture
+def operator(
+    devcluster: Any, crd: None, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(
+        devcluster, tmp_path / "operator.log", "--namespace", namespace, "--resync-seconds", RESYNC
+    ).start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        # Shown by pytest when the test failed.
+        print("\n".join(op.log_path.read_text(errors="replace").splitlines()[-60:]))
+
+
+def patch(cluster: Any, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    cluster.kubectl(
+        "patch", "emb", name, "-n", namespace, "--type", "merge", "-p", json.dumps({"spec": spec})
+    )
+
+
+def child(cluster: Any, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    return get_json(cluster, kind, name, "-n", namespace)
+
+
+def wait_child(cluster: Any, kind: str, namespace: str, name: str, timeout: float = 60) -> dict:
+    return wait_until(
+        lambda: child(cluster, kind, namespace, name), timeout=timeout, what=f"{kind}/{name}"
+    )
+
+
+def wait_status(cluster: Any, namespace: str, name: str, timeout: float = 60) -> dict[str, Any]:
+    """The EmbeddingService once its status describes its current generation."""
+
+    def current() -> dict[str, Any] | None:
+        es = get_json(cluster, "emb", name, "-n", namespace)
+        status = (es or {}).get("status") or {}
+        if es and status.get("observedGeneration") == es["metadata"]["generation"]:
+            return es
+        return None
+
+    return wait_until(current, timeout=timeout, what=f"status of emb/{name}")
+
+
+def replicasets(cluster: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    return items(cluster, "replicasets", namespace, f"app.kubernetes.io/instance={name}")
+
+
+def controller_ref(obj: dict[str, Any]) -> dict[str, Any]:
+    (ref,) = [r for r in obj["metadata"]["ownerReferences"] if r.get("controller")]
+    return ref
+
+
+def test_apply_creates_owned_children(devcluster: Any, namespace: str, operator: Any) -> None:
+    apply(devcluster, namespace, example())
+    es = get_json(devcluster, "emb", "minilm", "-n", namespace)
+    uid = es["metadata"]["uid"]
+    children = {
+        "deployment": "minilm",
+        "service": "minilm",
+        "configmap": "minilm-warmup-profile",
+        "poddisruptionbudget": "minilm",
+    }
+    for kind, name in children.items():
+        obj = wait_child(devcluster, kind, namespace, name)
+        ref = controller_ref(obj)
+        assert (ref["kind"], ref["name"], ref["uid"]) == ("EmbeddingService", "minilm", uid), kind
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "warmgate"
+        managers = {m["manager"] for m in obj["metadata"]["managedFields"]}
+        assert "warmgate" in managers, kind
+    assert child(devcluster, "hpa", namespace, "minilm") is None
+
+    deployment = child(devcluster, "deployment", namespace, "minilm")
+    pod = deployment["spec"]["template"]["spec"]
+    (server,) = pod["containers"]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert pod["readinessGates"] == [{"conditionType": "warmgate.dev/warmed"}]
+    assert server["startupProbe"]["httpGet"]["path"] == "/ready"
+    assert server["startupProbe"]["failureThreshold"] == 150
+    assert server["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "--model=sentence-transformers/all-MiniLM-L6-v2" in server["args"]
+    assert server["securityContext"]["readOnlyRootFilesystem"] is True
+
+    service = child(devcluster, "service", namespace, "minilm")
+    assert service["spec"]["type"] == "NodePort"
+    (port,) = service["spec"]["ports"]
+    assert (port["port"], port["targetPort"]) == (80, "http")
+    assert port["nodePort"] > 0
+
+    es = wait_status(devcluster, namespace, "minilm")
+    status = es["status"]
+    assert status["selector"] == (
+        "app.kubernetes.io/instance=minilm,app.kubernetes.io/name=warmgate-server"
+    )
+    assert {c["type"] for c in status["conditions"]} == {
+        "Ready",
+        "Progressing",
+        "Warmed",
+        "Degraded",
+    }
+    assert not es["metadata"].get("finalizers"), "the operator must not block deletion"
+
+    # The pods cannot pull their image: a person reading the status is told so.
+    def failing() -> dict[str, Any] | None:
+        conditions = {
+            c["type"]: c
+            for c in (get_json(devcluster, "emb", "minilm", "-n", namespace)["status"]).get(
+                "conditions", []
+            )
+        }
+        degraded = conditions.get("Degraded", {})
+        return degraded if degraded.get("reason") == "PodsFailing" else None
+
+    degraded = wait_until(failing, timeout=60, what="Degraded=PodsFailing")
+    assert degraded["status"] == "True"
+    table = devcluster.kubectl("get", "emb", "-n", namespace).stdout
+    assert "sentence-transformers/all-MiniLM-L6-v2" in table
+    assert "/2" in table and "PodsFailing" in table
+    events = devcluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=minilm"
+    ).stdout
+    assert "Created" in events
+
+
+def test_spec_update_changes_only_what_changed(
+    devcluster: Any, namespace: str, operator: Any
+) -> None:
+    apply(devcluster, namespace, example())
+    wait_child(devcluster, "deployment", namespace, "minilm")
+    wait_status(devcluster, namespace, "minilm")
+    wait_until(lambda: len(replicasets(devcluster, namespace, "minilm")) == 1, what="first RS")
+    before = child(devcluster, "deployment", namespace, "minilm")
+    configmap_rv = child(devcluster, "configmap", namespace, "minilm-warmup-profile")["metadata"][
+        "resourceVersion"
+    ]
+
+    # A Service setting: the Service changes, the pods do not roll.
+    patch(devcluster, namespace, "minilm", {"service": {"port": 8081}})
+    wait_until(
+        lambda: (
+            child(devcluster, "service", namespace, "minilm")["spec"]["ports"][0]["port"] == 8081
+        ),
+        what="service port 8081",
+    )
+    wait_status(devcluster, namespace, "minilm")
+    after = child(devcluster, "deployment", namespace, "minilm")
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert after["spec"]["template"] == before["spec"]["template"]
+    assert len(replicasets(devcluster, namespace, "minilm")) == 1
+    configmap = child(devcluster, "configmap", namespace, "minilm-warmup-profile")
+    assert configmap["metadata"]["resourceVersion"] == configmap_rv
+
+    # NodePort -> ClusterIP: the apiserver-assigned node port must not block the change.
+    patch(devcluster, namespace, "minilm", {"service": {"type": "ClusterIP"}})
+    wait_until(
+        lambda: child(devcluster, "service", namespace, "minilm")["spec"]["type"] == "ClusterIP",
+        what="service type ClusterIP",
+    )
+    assert "nodePort" not in child(devcluster, "service", namespace, "minilm")["spec"]["ports"][0]
+
+    # The replica count: no new template either.
+    patch(devcluster, namespace, "minilm", {"replicas": 3})
+    wait_until(
+        lambda: child(devcluster, "deployment", namespace, "minilm")["spec"]["replicas"] == 3,
+        what="3 replicas",
+    )
+    assert len(replicasets(devcluster, namespace, "minilm")) == 1
+
+    # The model revision: a model reload, so a new template and a new ReplicaSet.
+    patch(devcluster, namespace, "minilm", {"model": {"revision": "v2"}})
+
+    def reloaded() -> dict[str, Any] | None:
+        dep = child(devcluster, "deployment", namespace, "minilm")
+        annotations = dep["spec"]["template"]["metadata"]["annotations"]
+        return dep if annotations["warmgate.dev/model-revision"] == "v2" else None
+
+    dep = wait_until(reloaded, what="template revision v2")
+    (server,) = dep["spec"]["template"]["spec"]["containers"]
+    assert "--model-revision=v2" in server["args"]
+    old_hash = before["spec"]["template"]["metadata"]["annotations"]["warmgate.dev/spec-hash"]
+    assert dep["spec"]["template"]["metadata"]["annotations"]["warmgate.dev/spec-hash"] != old_hash
+    wait_until(lambda: len(replicasets(devcluster, namespace, "minilm")) == 2, what="second RS")
+    assert child(devcluster, "service", namespace, "minilm")["spec"]["ports"][0]["port"] == 8081
+
+
+def test_autoscaling_toggle(devcluster: Any, namespace: str, operator: Any) -> None:
+    apply(devcluster, namespace, example())
+    wait_child(devcluster, "deployment", namespace, "minilm")
+    patch(
+        devcluster,
+        namespace,
+        "minilm",
+        {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 5}},
+    )
+    hpa = wait_child(devcluster, "hpa", namespace, "minilm")
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 5)
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "minilm"
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+    assert controller_ref(hpa)["kind"] == "EmbeddingService"
+
+    def released() -> dict[str, Any] | None:
+        dep = child(devcluster, "deployment", namespace, "minilm")
+        for entry in dep["metadata"]["managedFields"]:
+            if entry["manager"] == "warmgate" and "f:replicas" in entry["fieldsV1"].get(
+                "f:spec", {}
+            ):
+                return None
+        return dep
+
+    dep = wait_until(released, what="warmgate to stop owning spec.replicas")
+    assert dep["spec"]["replicas"] == 2  # handed over, not reset to 1
+
+    # The HPA's decision stands: the operator never writes the replica count back.
+    devcluster.kubectl("scale", "deployment", "minilm", "-n", namespace, "--replicas=4")
+    time.sleep(3 * float(RESYNC) + 1)
+    assert child(devcluster, "deployment", namespace, "minilm")["spec"]["replicas"] == 4
+    assert child(devcluster, "pdb", namespace, "minilm") is not None
+
+    patch(devcluster, namespace, "minilm", {"autoscaling": {"enabled": False}})
+    wait_until(
+        lambda: child(devcluster, "hpa", namespace, "minilm") is None, what="HPA to be deleted"
+    )
+    wait_until(
+        lambda: child(devcluster, "deployment", namespace, "minilm")["spec"]["replicas"] == 2,
+        what="spec.replicas back in charge",
+    )
+
+
+def test_kubectl_scale(devcluster: Any, namespace: str, operator: Any) -> None:
+    apply(devcluster, namespace, example())
+    wait_child(devcluster, "deployment", namespace, "minilm")
+    devcluster.kubectl("scale", "emb/minilm", "-n", namespace, "--replicas=3")
+    wait_until(
+        lambda: child(devcluster, "deployment", namespace, "minilm")["spec"]["replicas"] == 3,
+        what="Deployment scaled to 3",
+    )
+
+    def scaled() -> dict[str, Any] | None:
+        scale = get_json(devcluster, "emb", "minilm", "-n", namespace, "--subresource=scale")
+        return scale if scale["status"].get("replicas") == 3 else None
+
+    scale = wait_until(scaled, what="scale subresource status 3")
+    assert scale["spec"]["replicas"] == 3
+    assert "app.kubernetes.io/instance=minilm" in scale["status"]["selector"]
+
+
+def test_delete_garbage_collects_children(devcluster: Any, namespace: str, operator: Any) -> None:
+    apply(devcluster, namespace, example())
+    for kind in ("deployment", "service", "poddisruptionbudget"):
+        wait_child(devcluster, kind, namespace, "minilm")
+    wait_child(devcluster, "configmap", namespace, "minilm-warmup-profile")
+    devcluster.kubectl("delete", "emb", "minilm", "-n", namespace, "--timeout=30s")
+    for kind in ("deployment", "service", "configmap", "poddisruptionbudget", "replicaset"):
+        wait_until(
+            lambda kind=kind: not items(devcluster, kind, namespace),
+            timeout=90,
+            what=f"{kind}s to be garbage collected",
+        )
+
+
+def _converged(cluster: Any, namespace: str, names: set[str]) -> bool:
+    deployments = {d["metadata"]["name"] for d in items(cluster, "deployments", namespace)}
+    services = {s["metadata"]["name"] for s in items(cluster, "services", namespace)}
+    configmaps = {c["metadata"]["name"] for c in items(cluster, "configmaps", namespace)}
+    return (
+        deployments == names
+        and services == names
+        and configmaps == {f"{n}-warmup-profile" for n in names}
+    )
+
+
+def test_operator_restart_converges_without_duplicates_or_orphans(
+    devcluster: Any, crd: None, namespace: str, tmp_path: Path
+) -> None:
+    first = OperatorProcess(
+        devcluster, tmp_path / "first.log", "--namespace", namespace, "--resync-seconds", RESYNC
+    ).start()
+    try:
+        for name in ("alpha", "beta", "gamma"):
+            apply(devcluster, namespace, example(name))
+        wait_child(devcluster, "deployment", namespace, "alpha")
+    finally:
+        first.stop(signal.SIGKILL)  # mid-way: no clean shutdown
+
+    # While it is down: a spec change, a deletion, and a child removed by hand.
+    patch(devcluster, namespace, "beta", {"model": {"revision": "v2"}})
+    devcluster.kubectl("delete", "emb", "gamma", "-n", namespace)
+    devcluster.kubectl("delete", "deployment", "alpha", "-n", namespace)
+
+    second = OperatorProcess(
+        devcluster, tmp_path / "second.log", "--namespace", namespace, "--resync-seconds", RESYNC
+    ).start()
+    try:
+        wait_until(
+            lambda: _converged(devcluster, namespace, {"alpha", "beta"}),
+            timeout=90,
+            what="exactly alpha's and beta's children",
+        )
+        beta = child(devcluster, "deployment", namespace, "beta")
+        assert beta["spec"]["template"]["metadata"]["annotations"][
+            "warmgate.dev/model-revision"
+        ] == ("v2")
+        for name in ("alpha", "beta"):
+            es = wait_status(devcluster, namespace, name)
+            for kind, child_name in (
+                ("deployment", name),
+                ("service", name),
+                ("configmap", f"{name}-warmup-profile"),
+                ("pdb", name),
+            ):
+                obj = child(devcluster, kind, namespace, child_name)
+                assert controller_ref(obj)["uid"] == es["metadata"]["uid"], (kind, child_name)
+        assert second.alive()
+    finally:
+        second.stop()
+        print((tmp_path / "second.log").read_text(errors="replace")[-4000:])
+
+
+CHILD_RESOURCES = (
+    "deployments",
+    "services",
+    "configmaps",
+    "horizontalpodautoscalers",
+    "poddisruptionbudgets",
+)
+
+
+def child_writes(stats: dict[str, Any]) -> dict[str, int]:
+    return {
+        key: n
+        for key, n in stats["requests"].items()
+        if key.split()[0] in ("POST", "PATCH", "PUT", "DELETE")
+        and key.split()[1] in CHILD_RESOURCES
+    }
+
+
+def test_idle_operator_writes_nothing(
+    devcluster: Any, crd: None, namespace: str, tmp_path: Path
+) -> None:
+    stats_file = tmp_path / "stats.json"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        health_port = sock.getsockname()[1]
+    op = OperatorProcess(
+        devcluster, tmp_path / "idle.log", "--namespace", namespace,
+        "--resync-seconds", RESYNC, "--stats-file", str(stats_file),
+        "--liveness-endpoint", f"http://127.0.0.1:{health_port}/healthz",
+    ).start()  # fmt: skip
+    try:
+        # kopf's health endpoint, for the chart's liveness probe.
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/healthz", timeout=2):
+                    return True
+            except OSError:
+                return False
+
+        wait_until(healthy, timeout=30, what="the operator's liveness endpoint")
+        # No pods: nothing in the cluster changes on its own.
+        apply(devcluster, namespace, example("quiet", replicas=0))
+        # Every child kind (HPA, PDB, a NodePort Service whose port the apiserver assigns).
+        apply(
+            devcluster,
+            namespace,
+            example("busy", autoscaling={"enabled": True, "minReplicas": 2, "maxReplicas": 3}),
+        )
+        wait_child(devcluster, "hpa", namespace, "busy")
+        wait_child(devcluster, "pdb", namespace, "busy")
+
+        def quiet_ready() -> bool:
+            es = wait_status(devcluster, namespace, "quiet")
+            ready = {c["type"]: c for c in es["status"]["conditions"]}["Ready"]
+            return ready["status"] == "True"
+
+        wait_until(quiet_ready, what="quiet Ready (scaled to zero)")
+        wait_status(devcluster, namespace, "busy")
+
+        def versions() -> dict[str, str]:
+            out = {}
+            for kind in ("emb", "deployments", "services", "configmaps"):
+                for obj in get_json(devcluster, kind, "-n", namespace)["items"]:
+                    if obj["metadata"]["name"].startswith("quiet"):
+                        out[f"{kind}/{obj['metadata']['name']}"] = obj["metadata"][
+                            "resourceVersion"
+                        ]
+            return out
+
+        before, stats_before = versions(), json.loads(stats_file.read_text())
+        time.sleep(3 * float(RESYNC) + 2)  # several resyncs
+        stats_after = json.loads(stats_file.read_text())
+        assert versions() == before
+        assert child_writes(stats_after) == child_writes(stats_before)
+        assert stats_after["reconciles"] > stats_before["reconciles"]  # it did look
+    finally:
+        op.stop()
+    lines = [line for line in op.log_lines() if "api requests made" in line.get("message", "")]
+    assert lines, "the operator reports its API requests on exit"
+
+
+def test_operator_runs_with_exactly_its_rbac_rules(
+    devcluster: Any, crd: None, namespace: str, tmp_path: Path
+) -> None:
+    """Run as a ServiceAccount bound to the rules in warmgate_operator/rbac.yaml: a missing
+    permission stalls the reconcile and fails the test."""
+    from warmgate_operator import rbac
+
+    role = rbac.cluster_role(f"warmgate-operator-{namespace}")
+    devcluster.kubectl("apply", "-f", "-", input=json.dumps(role))
+    devcluster.kubectl("create", "serviceaccount", "warmgate-operator", "-n", namespace)
+    devcluster.kubectl(
+        "create", "clusterrolebinding", role["metadata"]["name"],
+        f"--clusterrole={role['metadata']['name']}",
+        f"--serviceaccount={namespace}:warmgate-operator",
+    )  # fmt: skip
+    try:
+        token = devcluster.kubectl(
+            "create", "token", "warmgate-operator", "-n", namespace, "--duration=1h"
+        ).stdout.strip()
+        admin = yaml.safe_load(Path(devcluster.kubeconfig).read_text())
+        cluster = admin["clusters"][0]
+        kubeconfig = tmp_path / "operator.kubeconfig"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [cluster],
+                    "users": [{"name": "operator", "user": {"token": token}}],
+                    "contexts": [
+                        {
+                            "name": "operator",
+                            "context": {"cluster": cluster["name"], "user": "operator"},
+                        }
+                    ],
+                    "current-context": "operator",
+                }
+            )
+        )
+        as_operator = SimpleNamespace(env=dict(devcluster.env, KUBECONFIG=str(kubeconfig)))
+        # Cluster-wide, as the chart runs it by default: kopf's discovery rules are used too.
+        op = OperatorProcess(as_operator, tmp_path / "rbac.log", "--resync-seconds", RESYNC).start()
+        try:
+            apply(devcluster, namespace, example(autoscaling={"enabled": True, "minReplicas": 2}))
+            for kind in ("deployment", "service", "hpa", "pdb"):
+                wait_child(devcluster, kind, namespace, "minilm")
+            es = wait_status(devcluster, namespace, "minilm")
+            conditions = {c["type"]: c for c in es["status"]["conditions"]}
+            assert conditions["Degraded"]["reason"] not in ("ApplyFailed", "ChildConflict")
+            patch(devcluster, namespace, "minilm", {"autoscaling": {"enabled": False}})
+            wait_until(
+                lambda: child(devcluster, "hpa", namespace, "minilm") is None, what="HPA gone"
+            )
+            events = devcluster.kubectl("get", "events", "-n", namespace).stdout
+            assert "Created" in events
+            log = (tmp_path / "rbac.log").read_text(errors="replace")
+            # An RBAC denial reads `... is forbidden: User "system:serviceaccount:..." cannot ...`.
+            assert "forbidden: User" not in log, log[-3000:]
+        finally:
+            op.stop()
+    finally:
+        devcluster.kubectl("delete", "clusterrolebinding,clusterrole", role["metadata"]["name"],
+                           check=False)  # fmt: skip

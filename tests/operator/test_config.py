@@ -1,0 +1,81 @@
+"""The operator's configuration: flags, environment twins, and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+from warmgate_operator.__main__ import main
+from warmgate_operator.config import DEFAULT_SERVER_IMAGE, ConfigError, OperatorConfig, load_config
+
+
+def test_defaults() -> None:
+    config = load_config([], env={})
+    assert config == OperatorConfig()
+    assert config.default_image == DEFAULT_SERVER_IMAGE == "ghcr.io/warmgate/warmgate-server:0.1.0"
+    assert config.clusterwide
+    assert config.log_format == "text"
+
+
+def test_environment_twins_and_flags() -> None:
+    env = {
+        "WARMGATE_OPERATOR_NAMESPACES": "team-a, team-b",
+        "WARMGATE_OPERATOR_LOG_FORMAT": "json",
+        "WARMGATE_OPERATOR_DEFAULT_IMAGE": "registry.example/warmgate-server:2",
+        "WARMGATE_OPERATOR_RESYNC_SECONDS": "30",
+    }
+    config = load_config([], env=env)
+    assert config.namespaces == ("team-a", "team-b")
+    assert not config.clusterwide
+    assert config.log_format == "json"
+    assert config.default_image == "registry.example/warmgate-server:2"
+    assert config.resync_seconds == 30
+    # A flag wins over its twin.
+    config = load_config(["--namespace", "only", "--resync-seconds", "5"], env=env)
+    assert config.namespaces == ("only",)
+    assert config.resync_seconds == 5
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--log-level", "LOUD"], "--log-level"),
+        (["--resync-seconds", "0"], "--resync-seconds"),
+        (["--workers", "0"], "--workers"),
+        (["--default-image", ""], "--default-image"),
+    ],
+)
+def test_bad_values_say_what_to_change(argv: list[str], words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        load_config(argv, env={})
+
+
+def test_main_exits_2_on_a_bad_configuration(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--workers", "100"]) == 2
+    assert "--workers" in capsys.readouterr().err
+
+
+def test_rbac_rules_cover_every_kind_the_operator_touches() -> None:
+    from warmgate_operator import rbac
+
+    granted = {
+        (group, resource): set(rule["verbs"])
+        for rule in rbac.namespaced_rules() + rbac.cluster_rules()
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    apply_verbs = {"get", "create", "patch"}
+    for key in [
+        ("apps", "deployments"),
+        ("", "services"),
+        ("", "configmaps"),
+        ("autoscaling", "horizontalpodautoscalers"),
+        ("policy", "poddisruptionbudgets"),
+    ]:
+        assert apply_verbs | {"delete"} <= granted[key], key
+    assert {"list", "watch"} <= granted[("warmgate.dev", "embeddingservices")]
+    assert "patch" in granted[("warmgate.dev", "embeddingservices/status")]
+    assert {"list", "watch"} <= granted[("", "pods")]
+    assert granted[("", "pods/status")] == {"patch"}
+    assert "create" in granted[("", "events")]
+    role = rbac.cluster_role()
+    assert role["kind"] == "ClusterRole"
+    assert not any("*" in rule["verbs"] for rule in role["rules"])

@@ -1,0 +1,129 @@
+"""The CRD file, checked without a cluster: structure, descriptions, defaults, columns."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from warmgate_operator.spec import parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = yaml.safe_load((ROOT / "crds" / "warmgate.dev_embeddingservices.yaml").read_text())
+(VERSION,) = CRD["spec"]["versions"]
+SCHEMA = VERSION["schema"]["openAPIV3Schema"]
+
+
+def walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, node
+    for name, child in (node.get("properties") or {}).items():
+        yield from walk(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        yield from walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def apply_defaults(node: dict[str, Any], value: Any) -> Any:
+    """What the apiserver's defaulting does for the parts of the schema this CRD uses."""
+    if isinstance(value, dict):
+        for name, child in (node.get("properties") or {}).items():
+            if name not in value and "default" in child:
+                value[name] = yaml.safe_load(yaml.safe_dump(child["default"]))
+            if name in value:
+                value[name] = apply_defaults(child, value[name])
+    return value
+
+
+def test_names_scope_and_subresources() -> None:
+    assert CRD["metadata"]["name"] == "embeddingservices.warmgate.dev"
+    assert CRD["spec"]["group"] == "warmgate.dev"
+    names = CRD["spec"]["names"]
+    assert (names["kind"], names["plural"], names["shortNames"]) == (
+        "EmbeddingService",
+        "embeddingservices",
+        ["emb"],
+    )
+    assert VERSION["name"] == "v1alpha1"
+    assert VERSION["served"] and VERSION["storage"]
+    assert VERSION["subresources"]["status"] == {}
+    assert VERSION["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+
+
+def test_printer_columns() -> None:
+    columns = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
+    assert list(columns) == ["Model", "Revision", "Ready", "Warmed", "Reason", "Age"]
+    assert columns["Ready"]["jsonPath"] == ".status.readySummary"
+    assert columns["Warmed"]["jsonPath"] == ".status.warmedReplicas"
+    assert columns["Reason"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].reason'
+    assert columns["Age"]["type"] == "date"
+
+
+def test_every_field_is_typed_and_described() -> None:
+    missing_description, missing_type = [], []
+    for path, node in walk(SCHEMA):
+        if path in ("", ".metadata") or path.endswith("{}"):
+            continue
+        if not node.get("description"):
+            missing_description.append(path)
+        if "type" not in node and not node.get("x-kubernetes-int-or-string"):
+            missing_type.append(path)
+    assert missing_description == []
+    assert missing_type == []
+
+
+def test_every_validation_rule_has_a_message_naming_a_field() -> None:
+    rules = [
+        (path, rule)
+        for path, node in walk(SCHEMA)
+        for rule in node.get("x-kubernetes-validations") or []
+    ]
+    assert len(rules) >= 10
+    for path, rule in rules:
+        assert rule.get("message"), (path, rule["rule"])
+        assert any(word in rule["message"] for word in ("metadata.name", ".", "warmup")), rule
+
+
+def test_crd_defaults_agree_with_the_spec_model() -> None:
+    spec_schema = SCHEMA["properties"]["spec"]
+    defaulted = apply_defaults(spec_schema, {"model": {"id": "m"}})
+    assert defaulted["warmup"]["observedTraffic"]["maxShapes"] == 16  # nested defaults reach down
+    assert parse_spec(defaulted) == parse_spec({"model": {"id": "m"}})
+
+
+def test_examples_use_only_known_fields() -> None:
+    for example in sorted((ROOT / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(example.read_text()):
+            if doc.get("kind") != "EmbeddingService":
+                continue
+            unknown = _unknown_fields(SCHEMA["properties"]["spec"], doc["spec"], "spec")
+            assert unknown == [], example.name
+            parse_spec(doc["spec"])
+
+
+def _unknown_fields(node: dict[str, Any], value: Any, path: str) -> list[str]:
+    out: list[str] = []
+    if isinstance(value, dict) and "properties" in node:
+        for key, child in value.items():
+            if key not in node["properties"]:
+                out.append(f"{path}.{key}")
+            else:
+                out += _unknown_fields(node["properties"][key], child, f"{path}.{key}")
+    return out
+
+
+def test_example_fits_the_warmup_rules() -> None:
+    raw = yaml.safe_load((ROOT / "examples" / "minilm.yaml").read_text())
+    spec = parse_spec(raw["spec"])
+    assert spec.model.id == "sentence-transformers/all-MiniLM-L6-v2"
+    assert spec.service.type == "NodePort"
+    assert spec.runtime.device == "cpu"
+    assert spec.replicas == 2 and not spec.autoscaling.enabled
+    assert max(spec.warmup.batch_sizes) * max(spec.warmup.sequence_buckets) <= (
+        spec.batching.max_batch_tokens
+    )

@@ -1,0 +1,99 @@
+"""The spec model: defaults, the startup budget maths, and the guard rules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from warmgate_operator.spec import SpecError, parse_spec
+
+
+def test_minimal_spec_gets_the_documented_defaults() -> None:
+    spec = parse_spec({"model": {"id": "sentence-transformers/all-MiniLM-L6-v2"}})
+    assert spec.model.revision == "main"
+    assert spec.model.pooling == "mean"
+    assert spec.model.normalize is True
+    assert spec.image is None
+    assert spec.replicas == 1
+    assert (spec.runtime.device, spec.runtime.dtype) == ("cpu", "float32")
+    assert spec.batching.max_batch_size == 32
+    assert spec.batching.max_batch_tokens == 16384
+    assert spec.batching.max_concurrent_requests == 512
+    assert spec.warmup.batch_sizes == (1, 8, 32)
+    assert spec.warmup.sequence_buckets == (32, 64, 128, 256)
+    assert spec.probes.startup_timeout_seconds == 600
+    assert spec.probes.period_seconds == 5
+    assert (spec.rollout.max_surge, spec.rollout.max_unavailable) == (1, 0)
+    assert spec.rollout.warm_gate is True
+    assert spec.autoscaling.enabled is False
+    assert spec.autoscaling.scale_up.stabilization_window_seconds == 0
+    assert spec.autoscaling.scale_down.stabilization_window_seconds == 300
+    assert (spec.service.type, spec.service.port) == ("ClusterIP", 80)
+    assert spec.progress_deadline_seconds == 600 + 600
+
+
+def test_pods_metric_alone_drops_the_cpu_target() -> None:
+    spec = parse_spec(
+        {
+            "model": {"id": "m"},
+            "autoscaling": {
+                "enabled": True,
+                "podsMetric": {"name": "warmgate_queue_depth", "averageValue": "10"},
+            },
+        }
+    )
+    assert spec.autoscaling.target_cpu_utilization_percentage is None
+    assert spec.autoscaling.pods_metric.average_value == "10"
+
+
+@given(timeout=st.integers(1, 86400), period=st.integers(1, 300))
+def test_startup_failure_threshold_covers_the_whole_timeout(timeout: int, period: int) -> None:
+    spec = parse_spec(
+        {
+            "model": {"id": "m"},
+            "probes": {"startupTimeoutSeconds": timeout, "periodSeconds": period},
+        }
+    )
+    threshold = spec.probes.startup_failure_threshold
+    assert threshold == max(1, math.ceil(timeout / period))
+    # The kubelet gives up after threshold * period seconds: never before the timeout.
+    assert threshold * period >= timeout
+    assert (threshold - 1) * period < timeout or threshold == 1
+
+
+@pytest.mark.parametrize(
+    ("startup", "period", "expected"), [(600, 5, 120), (601, 5, 121), (10, 3, 4), (2, 2, 1)]
+)
+def test_startup_failure_threshold_examples(startup: int, period: int, expected: int) -> None:
+    spec = parse_spec(
+        {
+            "model": {"id": "m"},
+            "probes": {"startupTimeoutSeconds": startup, "periodSeconds": period},
+        }
+    )
+    assert spec.probes.startup_failure_threshold == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({}, "spec.model.id"),
+        ({"model": {"id": "m"}, "runtime": {"device": "tpu"}}, "spec.runtime.device"),
+        ({"model": {"id": "m"}, "warmup": {"sequenceBuckets": [64, 32]}}, "sequenceBuckets"),
+        ({"model": {"id": "m"}, "warmup": {"batchSizes": [1, 1]}}, "batchSizes"),
+        ({"model": {"id": "m"}, "replicas": "two"}, "spec.replicas"),
+        (
+            {
+                "model": {"id": "m"},
+                "autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2},
+            },
+            "minReplicas",
+        ),
+        ({"model": {"id": "m"}, "rollout": {"maxSurge": 0, "maxUnavailable": 0}}, "maxSurge"),
+    ],
+)
+def test_bad_specs_name_the_field(raw: dict, field: str) -> None:
+    with pytest.raises(SpecError, match=field):
+        parse_spec(raw)

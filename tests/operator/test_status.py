@@ -1,0 +1,268 @@
+"""The status reducer: what `kubectl get emb` and `kubectl wait` see."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+from warmgate_operator.spec import parse_spec
+from warmgate_operator.status import Problem, compute_status
+
+SPEC = parse_spec({"model": {"id": "m", "revision": "r1"}, "replicas": 2})
+T0, T1 = "2026-11-29T22:00:00Z", "2026-11-29T22:05:00Z"
+
+
+def es(generation: int = 1, status: dict | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metadata": {"name": "minilm", "namespace": "default", "generation": generation}
+    }
+    if status is not None:
+        body["status"] = status
+    return body
+
+
+def deployment(
+    replicas: int = 2,
+    ready: int = 2,
+    updated: int = 2,
+    available: int | None = None,
+    observed: int = 3,
+    generation: int = 3,
+    conditions: list[dict] | None = None,
+    spec_replicas: int | None = 2,
+) -> dict[str, Any]:
+    spec = {} if spec_replicas is None else {"replicas": spec_replicas}
+    return {
+        "metadata": {"generation": generation},
+        "spec": spec,
+        "status": {
+            "observedGeneration": observed,
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "updatedReplicas": updated,
+            "availableReplicas": ready if available is None else available,
+            "conditions": conditions or [],
+        },
+    }
+
+
+def pod(name: str, ready: bool = True, warmed: bool = True, revision: str = "r1", **extra: Any):
+    conditions = [
+        {"type": "Ready", "status": str(ready)},
+        {"type": "warmgate.dev/warmed", "status": str(warmed)},
+    ]
+    body = {
+        "metadata": {
+            "name": name,
+            "annotations": {"warmgate.dev/model-id": "m", "warmgate.dev/model-revision": revision},
+        },
+        "status": {"conditions": conditions, **extra},
+    }
+    return body
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_all_ready_and_warmed() -> None:
+    status = compute_status(SPEC, es(), deployment(), [pod("a"), pod("b")], T0)
+    assert status["observedGeneration"] == 1
+    assert status["replicas"] == 2
+    assert status["readyReplicas"] == 2
+    assert status["warmedReplicas"] == 2
+    assert status["readySummary"] == "2/2"
+    assert (
+        status["selector"]
+        == "app.kubernetes.io/instance=minilm,app.kubernetes.io/name=warmgate-server"
+    )
+    assert status["model"] == {"id": "m", "revision": "r1"}
+    c = conditions(status)
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("True", "AllReplicasReady")
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "RolloutComplete")
+    assert (c["Warmed"]["status"], c["Warmed"]["reason"]) == ("True", "AllReplicasWarmed")
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("False", "AsExpected")
+    assert all(cond["lastTransitionTime"] == T0 for cond in status["conditions"])
+    assert all(cond["observedGeneration"] == 1 for cond in status["conditions"])
+    assert [cond["type"] for cond in status["conditions"]] == [
+        "Ready",
+        "Progressing",
+        "Warmed",
+        "Degraded",
+    ]
+
+
+def test_same_observation_gives_an_equal_status_so_nothing_is_written() -> None:
+    first = compute_status(SPEC, es(), deployment(), [pod("a"), pod("b")], T0)
+    second = compute_status(SPEC, es(status=first), deployment(), [pod("a"), pod("b")], T1)
+    assert second == first
+
+
+def test_transition_time_moves_only_for_the_condition_that_changed() -> None:
+    first = compute_status(SPEC, es(), deployment(), [pod("a"), pod("b")], T0)
+    second = compute_status(
+        SPEC,
+        es(status=first),
+        deployment(ready=1, available=1),
+        [pod("a"), pod("b", ready=False, warmed=False)],
+        T1,
+    )
+    c = conditions(second)
+    assert c["Ready"]["status"] == "False"
+    assert c["Ready"]["lastTransitionTime"] == T1
+    assert c["Warmed"]["lastTransitionTime"] == T1
+    assert c["Degraded"]["lastTransitionTime"] == T0  # still False
+
+
+def test_new_pods_waiting_for_warmup() -> None:
+    status = compute_status(
+        SPEC,
+        es(),
+        deployment(replicas=2, ready=0, updated=2),
+        [pod("a", ready=False, warmed=False), pod("b", ready=False, warmed=False)],
+        T0,
+    )
+    c = conditions(status)
+    assert status["readySummary"] == "0/2"
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "WaitingForWarmup")
+    assert (c["Warmed"]["status"], c["Warmed"]["reason"]) == ("False", "WaitingForWarmup")
+    assert c["Progressing"]["status"] == "True"
+
+
+def test_rollout_in_progress_keeps_old_pods_serving() -> None:
+    status = compute_status(
+        SPEC,
+        es(generation=2),
+        deployment(replicas=3, ready=2, updated=1),
+        [pod("old-a"), pod("old-b"), pod("new", ready=False, warmed=False, revision="r2")],
+        T0,
+    )
+    c = conditions(status)
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "RolloutInProgress")
+    assert c["Ready"]["status"] == "False"
+    assert status["model"] == {"id": "m", "revision": "r1"}
+
+
+def test_progress_deadline_is_degraded() -> None:
+    stalled = {
+        "type": "Progressing",
+        "status": "False",
+        "reason": "ProgressDeadlineExceeded",
+        "message": 'ReplicaSet "minilm-abc" has timed out progressing.',
+    }
+    status = compute_status(
+        SPEC,
+        es(),
+        deployment(replicas=3, ready=2, updated=1, conditions=[stalled]),
+        [pod("a"), pod("b"), pod("c", ready=False, warmed=False)],
+        T0,
+    )
+    c = conditions(status)
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == (
+        "True",
+        "ProgressDeadlineExceeded",
+    )
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == (
+        "False",
+        "ProgressDeadlineExceeded",
+    )
+    assert c["Ready"]["reason"] == "ProgressDeadlineExceeded"
+
+
+def test_crash_looping_pod_is_degraded_with_the_pod_named() -> None:
+    crashing = pod(
+        "c",
+        ready=False,
+        warmed=False,
+        containerStatuses=[
+            {
+                "name": "server",
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s"}},
+            }
+        ],
+    )
+    status = compute_status(SPEC, es(), deployment(ready=1), [pod("a"), crashing], T0)
+    c = conditions(status)
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "PodsFailing")
+    assert "pod c" in c["Degraded"]["message"]
+    assert "CrashLoopBackOff" in c["Degraded"]["message"]
+
+
+def test_terminating_pods_do_not_count_as_warmed() -> None:
+    leaving = pod("old")
+    leaving["metadata"]["deletionTimestamp"] = T0
+    status = compute_status(SPEC, es(), deployment(), [pod("a"), pod("b"), leaving], T0)
+    assert status["warmedReplicas"] == 2
+
+
+def test_no_deployment_yet() -> None:
+    status = compute_status(SPEC, es(), None, [], T0)
+    c = conditions(status)
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "Creating")
+    assert status["replicas"] == 0
+    assert status["readySummary"] == "0/2"
+
+
+def test_hpa_choice_is_the_desired_count() -> None:
+    spec = parse_spec({"model": {"id": "m"}, "autoscaling": {"enabled": True, "minReplicas": 2}})
+    status = compute_status(
+        spec, es(), deployment(replicas=3, ready=3, updated=3, spec_replicas=3), [], T0
+    )
+    assert status["desiredReplicas"] == 3
+    assert status["readySummary"] == "3/3"
+
+
+def test_warm_gate_off_reports_unknown_warmth() -> None:
+    spec = parse_spec({"model": {"id": "m"}, "replicas": 2, "rollout": {"warmGate": False}})
+    status = compute_status(spec, es(), deployment(), [pod("a", warmed=False)], T0)
+    c = conditions(status)
+    assert (c["Warmed"]["status"], c["Warmed"]["reason"]) == ("Unknown", "WarmGateDisabled")
+    assert c["Ready"]["status"] == "True"
+
+
+def test_blocking_problem_makes_ready_false() -> None:
+    problem = Problem("InvalidSpec", "spec.model.id is required", blocking=True)
+    status = compute_status(None, es(), None, [], T0, problem)
+    c = conditions(status)
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "InvalidSpec")
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "InvalidSpec")
+
+
+def test_scaled_to_zero_is_ready() -> None:
+    spec = parse_spec({"model": {"id": "m"}, "replicas": 0})
+    status = compute_status(
+        spec, es(), deployment(replicas=0, ready=0, updated=0, spec_replicas=0), [], T0
+    )
+    assert conditions(status)["Ready"]["reason"] == "ScaledToZero"
+
+
+def test_fields_written_by_others_are_carried_over() -> None:
+    shapes = [{"batch_size": 8, "seq_len": 64, "count": 10}]
+    status = compute_status(SPEC, es(status={"observedShapes": shapes}), deployment(), [], T0)
+    assert status["observedShapes"] == shapes
+
+
+@given(
+    desired=st.integers(0, 5),
+    replicas=st.integers(0, 6),
+    ready=st.integers(0, 6),
+    updated=st.integers(0, 6),
+    warmed=st.lists(st.booleans(), max_size=6),
+    gate=st.booleans(),
+)
+def test_recomputing_from_its_own_output_is_stable(
+    desired: int, replicas: int, ready: int, updated: int, warmed: list[bool], gate: bool
+) -> None:
+    spec = parse_spec({"model": {"id": "m"}, "replicas": desired, "rollout": {"warmGate": gate}})
+    dep = deployment(replicas=replicas, ready=ready, updated=updated, spec_replicas=desired)
+    pods = [pod(f"p{i}", ready=w, warmed=w) for i, w in enumerate(warmed)]
+    first = compute_status(spec, es(), dep, pods, T0)
+    assert compute_status(spec, es(status=first), dep, pods, T1) == first
+    assert {c["type"] for c in first["conditions"]} == {
+        "Ready",
+        "Progressing",
+        "Warmed",
+        "Degraded",
+    }
+    assert first["readySummary"] == f"{ready}/{desired}"
