@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from . import gate
+from .kube import POD
 
 log = logging.getLogger("warmgate.gate")
 
@@ -47,8 +48,8 @@ class PodStatusWriter(Protocol):
     async def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> None: ...
 
 
-EventSink = Callable[[Mapping[str, Any], str, str, str], None]
-"""(pod, type 'Normal'|'Warning', reason, message) -> None"""
+EventSink = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
+"""async (pod, type 'Normal'|'Warning', reason, message) -> None"""
 
 
 def _now() -> str:
@@ -164,7 +165,7 @@ class Gatekeeper:
                 delay, warning = backoff, None
             if warning and warning != last_warning:
                 reason, message = warning.split("\0", 1)
-                self._events(pod, "Warning", reason, message)
+                await self._events(pod, "Warning", reason, message)
             last_warning = warning
             if delay is None:
                 backoff = self._config.backoff_initial_seconds
@@ -275,7 +276,7 @@ class Gatekeeper:
         body = gate.status_patch(desired, meta.get("resourceVersion"))
         await self._writer.patch_status(meta["namespace"], meta["name"], body)
         if verdict.passed:
-            self._events(pod, "Normal", verdict.reason, verdict.message)
+            await self._events(pod, "Normal", verdict.reason, verdict.message)
 
 
 def _name(pod: Mapping[str, Any]) -> str:
@@ -283,18 +284,17 @@ def _name(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
-class KubernetesPodStatusWriter:
-    """Patches `pods/<name>/status` with a strategic-merge patch (conditions merge by type)
-    through the official client, off the event loop."""
+class KubeClientStatusWriter:
+    """Patches `pods/<name>/status` with a strategic-merge patch: conditions merge by type,
+    so kubelet's own conditions are left as they are."""
 
-    def __init__(self, core_api: Any) -> None:
-        self._core = core_api
+    def __init__(self, client: Any) -> None:
+        self._client = client
 
     async def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        await asyncio.to_thread(
-            self._core.patch_namespaced_pod_status,
-            name,
-            namespace,
-            body,
-            _content_type="application/strategic-merge-patch+json",
+        await self._client.request(
+            "PATCH",
+            POD.path(namespace, name, "status"),
+            body=body,
+            content_type="application/strategic-merge-patch+json",
         )

@@ -13,12 +13,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kopf
 
 from . import stats
 from .builders import MANAGED_BY, MANAGED_BY_LABEL
 from .config import OperatorConfig
 from .controller import Controller, Key
+from .events import EventRecorder
+from .gatekeeper import GateConfig, Gatekeeper, KubeClientStatusWriter, ReportClient
 from .kube import KubeClient
 from .reconcile import Reconciler
 from .spec import GROUP, KIND, PLURAL, VERSION
@@ -90,6 +93,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         controller.start()
         memo.client = client
         memo.controller = controller
+        memo.gatekeeper = _start_gatekeeper(memo, client, recorder=EventRecorder(client))
         memo.stats_task = None
         if config.stats_file:
             memo.stats_task = asyncio.create_task(
@@ -103,6 +107,12 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        gatekeeper: Gatekeeper | None = getattr(memo, "gatekeeper", None)
+        if gatekeeper is not None:
+            await gatekeeper.close()
+        session: aiohttp.ClientSession | None = getattr(memo, "http", None)
+        if session is not None:
+            await session.close()
         stats_task: asyncio.Task[None] | None = getattr(memo, "stats_task", None)
         if stats_task is not None:
             stats_task.cancel()
@@ -134,3 +144,33 @@ def register(registry: kopf.OperatorRegistry) -> None:
         key = _owner_of_pod(event["object"])
         if key is not None:
             memo.controller.enqueue_soon(key)
+
+
+def _start_gatekeeper(memo: kopf.Memo, client: KubeClient, recorder: EventRecorder) -> Gatekeeper:
+    """The warm gate's workers: they verify each gated pod's /ready report and patch its
+    warmgate.dev/warmed condition (see gatekeeper.py)."""
+    config = GateConfig()
+    memo.http = aiohttp.ClientSession(trust_env=False)
+
+    async def record(pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        body = {**pod, "apiVersion": "v1", "kind": "Pod"}
+        await recorder.record(body, type_, reason, message)
+        owner = _owner_of_pod(pod)
+        service = memo.controller.body(owner) if owner is not None else None
+        if service is not None and type_ == "Warning":
+            # Also on the EmbeddingService, where `kubectl describe emb` shows it.
+            await recorder.record(service, type_, reason, message)
+
+    def verify_latency(pod: Mapping[str, Any]) -> bool:
+        owner = _owner_of_pod(pod)
+        service = memo.controller.body(owner) if owner is not None else None
+        rollout = ((service or {}).get("spec") or {}).get("rollout") or {}
+        return bool(rollout.get("verifyLatency", False))
+
+    return Gatekeeper(
+        writer=KubeClientStatusWriter(client),
+        reports=ReportClient(memo.http, config),
+        events=record,
+        config=config,
+        verify_latency=verify_latency,
+    )
