@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,8 +179,13 @@ def _probe(path: str, period: int, failure_threshold: int) -> dict[str, Any]:
 
 
 def build_pod_template(
-    spec: EmbeddingServiceSpec, owner: Owner, default_image: str
+    spec: EmbeddingServiceSpec,
+    owner: Owner,
+    default_image: str,
+    image_pull_secrets: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """The server pods' template. `image_pull_secrets` (the operator's
+    `--server-image-pull-secret`) are Secret names in the EmbeddingService's namespace."""
     period = spec.probes.period_seconds
     container: dict[str, Any] = {
         "name": SERVER_CONTAINER,
@@ -260,6 +265,8 @@ def build_pod_template(
         "containers": [container],
         "volumes": volumes,
     }
+    if image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in image_pull_secrets]
     if spec.rollout.warm_gate:
         pod_spec["readinessGates"] = [{"conditionType": WARMED_CONDITION}]
     if spec.node_selector:
@@ -280,7 +287,10 @@ def build_pod_template(
 
 
 def build_deployment(
-    spec: EmbeddingServiceSpec, owner: Owner, default_image: str
+    spec: EmbeddingServiceSpec,
+    owner: Owner,
+    default_image: str,
+    image_pull_secrets: Sequence[str] = (),
 ) -> dict[str, Any]:
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(owner.name)},
@@ -293,7 +303,7 @@ def build_deployment(
         },
         "progressDeadlineSeconds": spec.progress_deadline_seconds,
         "revisionHistoryLimit": 5,
-        "template": build_pod_template(spec, owner, default_image),
+        "template": build_pod_template(spec, owner, default_image, image_pull_secrets),
     }
     # With autoscaling on, the HPA owns the replica count: the field is left out entirely so
     # server-side apply never fights it.
@@ -464,11 +474,13 @@ def build_children(
     owner: Owner,
     default_image: str,
     observed_shapes: Iterable[Mapping[str, Any]] = (),
+    image_pull_secrets: Sequence[str] = (),
 ) -> DesiredChildren:
-    """Every child; `default_image` serves when the spec names no image."""
+    """Every child; `default_image` serves when the spec names no image, and its pods pull it
+    with `image_pull_secrets`."""
     return DesiredChildren(
         configmap=build_configmap(spec, owner, observed_shapes),
-        deployment=build_deployment(spec, owner, default_image),
+        deployment=build_deployment(spec, owner, default_image, image_pull_secrets),
         service=build_service(spec, owner),
         hpa=build_hpa(spec, owner),
         pdb=build_pdb(spec, owner),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -15,6 +16,8 @@ DEFAULT_SERVER_IMAGE = "ghcr.io/warmgate/warmgate-server:0.1.0"
 FIELD_MANAGER = "warmgate"
 LOG_FORMATS = ("json", "text")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# A Secret's name is a DNS subdomain (RFC 1123).
+SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class ConfigError(ValueError):
@@ -34,6 +37,8 @@ class OperatorConfig:
     workers: how many EmbeddingServices are reconciled at the same time.
     liveness_endpoint: kopf's health endpoint (e.g. `http://0.0.0.0:8081/healthz`), or None.
     stats_file: where to keep a JSON file of API request counts and peak memory, or None.
+    server_image_pull_secrets: names of Secrets (in each EmbeddingService's namespace) that
+        every server pod lists in `imagePullSecrets`, for a server image in a private registry.
     """
 
     default_image: str = DEFAULT_SERVER_IMAGE
@@ -44,6 +49,7 @@ class OperatorConfig:
     workers: int = 8
     liveness_endpoint: str | None = None
     stats_file: str | None = None
+    server_image_pull_secrets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.default_image:
@@ -58,6 +64,14 @@ class OperatorConfig:
             raise ConfigError("--workers must be between 1 and 64")
         if any(not ns for ns in self.namespaces):
             raise ConfigError("--namespace must not be empty; omit it to watch every namespace")
+        for secret in self.server_image_pull_secrets:
+            if len(secret) > 253 or not SECRET_NAME.match(secret):
+                raise ConfigError(
+                    f"--server-image-pull-secret {secret!r} is not a Secret name: use lower-case "
+                    "letters, digits, '-' and '.', starting and ending with a letter or digit"
+                )
+        if len(set(self.server_image_pull_secrets)) != len(self.server_image_pull_secrets):
+            raise ConfigError("--server-image-pull-secret names a Secret twice: list each once")
 
     @property
     def clusterwide(self) -> bool:
@@ -108,6 +122,15 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=twin("stats-file", None),
         help="keep API request counts and peak memory in this JSON file (benchmarks)",
     )
+    parser.add_argument(
+        "--server-image-pull-secret",
+        dest="server_image_pull_secrets",
+        action="append",
+        default=None,
+        help="Secret that server pods use to pull their image (repeat for several; "
+        "env WARMGATE_OPERATOR_SERVER_IMAGE_PULL_SECRETS, comma-separated)",
+    )
+    parser.set_defaults(env_pull_secrets=twin("server-image-pull-secrets", ""))
     return parser
 
 
@@ -121,6 +144,12 @@ def load_config(
         namespaces = tuple(args.namespaces)
     else:
         namespaces = tuple(ns.strip() for ns in str(args.env_namespaces).split(",") if ns.strip())
+    if args.server_image_pull_secrets is not None:
+        pull_secrets = tuple(args.server_image_pull_secrets)
+    else:
+        pull_secrets = tuple(
+            name.strip() for name in str(args.env_pull_secrets).split(",") if name.strip()
+        )
     try:
         return OperatorConfig(
             default_image=args.default_image,
@@ -131,6 +160,7 @@ def load_config(
             workers=int(args.workers),
             liveness_endpoint=args.liveness_endpoint or None,
             stats_file=args.stats_file or None,
+            server_image_pull_secrets=pull_secrets,
         )
     except (TypeError, ValueError) as error:
         raise ConfigError(str(error)) from error

@@ -23,6 +23,7 @@ from .controller import Controller, Key
 from .events import EventRecorder
 from .gatekeeper import GateConfig, Gatekeeper, KubeClientStatusWriter, ReportClient
 from .kube import KubeClient
+from .observed import TrafficObserver
 from .reconcile import Reconciler
 from .spec import GROUP, KIND, PLURAL, VERSION
 
@@ -94,6 +95,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         memo.client = client
         memo.controller = controller
         memo.gatekeeper = _start_gatekeeper(memo, client, recorder=EventRecorder(client))
+        memo.observer = TrafficObserver(client, memo.http, controller.body)
         memo.stats_task = None
         if config.stats_file:
             memo.stats_task = asyncio.create_task(
@@ -107,9 +109,9 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-        gatekeeper: Gatekeeper | None = getattr(memo, "gatekeeper", None)
-        if gatekeeper is not None:
-            await gatekeeper.close()
+        for worker in (getattr(memo, "gatekeeper", None), getattr(memo, "observer", None)):
+            if worker is not None:
+                await worker.close()
         session: aiohttp.ClientSession | None = getattr(memo, "http", None)
         if session is not None:
             await session.close()
@@ -129,7 +131,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def embedding_service_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        memo.controller.observe(event["object"], deleted=event["type"] == "DELETED")
+        deleted = event["type"] == "DELETED"
+        memo.controller.observe(event["object"], deleted=deleted)
+        meta = event["object"]["metadata"]
+        memo.observer.observe((meta["namespace"], meta["name"]), deleted=deleted)
 
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)
     async def deployment_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:

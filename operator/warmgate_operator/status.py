@@ -87,10 +87,15 @@ def _live(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 def _failing_pod(pods: Sequence[Mapping[str, Any]]) -> str | None:
     for pod in pods:
         gate = _condition(pod, WARMED_CONDITION)
-        if gate is not None and gate.get("status") == "False" and gate.get("reason") in (
-            "WarmupFailed",
-            "ModelMismatch",
-            "RevisionMismatch",
+        if (
+            gate is not None
+            and gate.get("status") == "False"
+            and gate.get("reason")
+            in (
+                "WarmupFailed",
+                "ModelMismatch",
+                "RevisionMismatch",
+            )
         ):
             name = _get(pod, "metadata", "name", default="?")
             return f"pod {name}: {gate['reason']}: {gate.get('message') or ''}".strip()

@@ -1,0 +1,166 @@
+"""Observed traffic: the shapes production really runs, fed back into the warmup plan.
+
+For each EmbeddingService with `warmup.observedTraffic.enabled`, every `refreshSeconds` the
+operator asks its Ready pods for `GET /warmup/profile` (the (batch, bucket) shapes each served,
+with counts) and `GET /ready` (its warmup time), keeps the `maxShapes` most frequent shapes in
+`status.observedShapes` and the slowest pod's warmup in `status.warmupSeconds`. The reconcile
+writes `status.observedShapes` into the warmup-profile ConfigMap, which new pods read at start:
+scale-outs and restarts warm what traffic uses. The ConfigMap is not part of the pod template, so
+running pods never restart for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import aiohttp
+
+from .controller import Key
+from .kube import EMBEDDING_SERVICE, POD, ApiError
+from .status import is_pod_ready
+
+log = logging.getLogger("warmgate.observed")
+
+SERVICE_LABEL = "warmgate.dev/service"
+SERVER_PORT = 8080
+
+
+def merge_profiles(profiles: Iterable[Mapping[str, Any]], max_shapes: int) -> list[dict]:
+    """Sum the pods' shape counts and keep the `max_shapes` most frequent (ties: smaller
+    shapes first, so the result is stable)."""
+    counts: Counter[tuple[int, int]] = Counter()
+    for profile in profiles:
+        for item in (profile or {}).get("shapes") or []:
+            try:
+                shape = (int(item["batch_size"]), int(item["seq_len"]))
+                count = int(item.get("count", 0))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if count > 0:
+                counts[shape] += count
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: max(0, max_shapes)]
+    return [{"batch_size": b, "seq_len": s, "count": c} for (b, s), c in top]
+
+
+def traffic_settings(body: Mapping[str, Any]) -> tuple[bool, int, float]:
+    """(enabled, maxShapes, refreshSeconds) with the CRD's defaults."""
+    spec = body.get("spec") or {}
+    warmup = spec.get("warmup") or {}
+    observed = warmup.get("observedTraffic") or {}
+    enabled = bool(observed.get("enabled", True)) and bool(warmup.get("enabled", True))
+    return enabled, int(observed.get("maxShapes", 16)), float(observed.get("refreshSeconds", 300))
+
+
+def status_patch(
+    body: Mapping[str, Any], shapes: list[dict], warmup_seconds: float | None
+) -> list[dict] | None:
+    """A JSON patch for the status subresource, guarded by the resourceVersion; None when
+    nothing would change (no write)."""
+    status = body.get("status") or {}
+    operations: list[dict] = []
+    if shapes != (status.get("observedShapes") or []):
+        operations.append({"op": "add", "path": "/status/observedShapes", "value": shapes})
+    if warmup_seconds is not None and status.get("warmupSeconds") != warmup_seconds:
+        operations.append({"op": "add", "path": "/status/warmupSeconds", "value": warmup_seconds})
+    if not operations or "status" not in body:
+        return None
+    version = body["metadata"].get("resourceVersion")
+    guard = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}]
+    return guard + operations
+
+
+class TrafficObserver:
+    """One collection loop per EmbeddingService, in memory (no finalizers, no annotations)."""
+
+    def __init__(self, client: Any, session: aiohttp.ClientSession, bodies: Any) -> None:
+        self._client = client
+        self._session = session
+        self._bodies = bodies  # callable: Key -> latest body or None
+        self._tasks: dict[Key, asyncio.Task] = {}
+
+    def observe(self, key: Key, deleted: bool = False) -> None:
+        task = self._tasks.get(key)
+        if deleted:
+            if task is not None:
+                task.cancel()
+                self._tasks.pop(key, None)
+            return
+        if task is None or task.done():
+            self._tasks[key] = asyncio.create_task(self._run(key), name=f"observed/{key[1]}")
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _run(self, key: Key) -> None:
+        while True:
+            body = self._bodies(key)
+            if body is None:
+                return
+            enabled, _, refresh = traffic_settings(body)
+            await asyncio.sleep(max(5.0, refresh))
+            if not enabled:
+                continue
+            try:
+                await self.collect(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # the next round tries again
+                log.warning("observed traffic of %s/%s: %s", key[0], key[1], error)
+
+    async def _fetch(self, pod: Mapping[str, Any], path: str) -> Any:
+        address = (pod.get("status") or {}).get("podIP")
+        if not address:
+            return None
+        timeout = aiohttp.ClientTimeout(total=5)
+        url = f"http://{address}:{SERVER_PORT}{path}"
+        try:
+            async with self._session.get(url, timeout=timeout) as response:
+                if response.status != 200 and path != "/ready":
+                    return None
+                return await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return None
+
+    async def collect(self, key: Key) -> bool:
+        """One round; True when the status was written."""
+        namespace, name = key
+        body = self._bodies(key)
+        if body is None:
+            return False
+        _, max_shapes, _ = traffic_settings(body)
+        pods = await self._client.list(POD, namespace, f"{SERVICE_LABEL}={name}")
+        ready = [p for p in pods if is_pod_ready(p) and not p["metadata"].get("deletionTimestamp")]
+        if not ready:
+            return False
+        profiles = await asyncio.gather(*(self._fetch(p, "/warmup/profile") for p in ready))
+        reports = await asyncio.gather(*(self._fetch(p, "/ready") for p in ready))
+        shapes = merge_profiles([p for p in profiles if p], max_shapes)
+        seconds = [
+            float(r["warmup_seconds"])
+            for r in reports
+            if isinstance(r, Mapping) and r.get("warmup_seconds") is not None
+        ]
+        warmup = round(max(seconds), 3) if seconds else None
+        operations = status_patch(body, shapes, warmup)
+        if operations is None:
+            return False
+        try:
+            await self._client.json_patch(
+                EMBEDDING_SERVICE, namespace, name, operations, subresource="status"
+            )
+        except ApiError as error:
+            if error.status in (404, 409, 422):  # changed meanwhile: the next round retries
+                return False
+            raise
+        return True
