@@ -146,6 +146,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
     # warmgate.dev/warmed condition, then enqueue the owner as below.
     @kopf.on.event("", "v1", "pods", labels=MANAGED, registry=registry)
     async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        # The warm gate judges the pod; the owner's status follows the pod.
+        memo.gatekeeper.observe(event.get("type"), event["object"])
         key = _owner_of_pod(event["object"])
         if key is not None:
             memo.controller.enqueue_soon(key)
