@@ -142,8 +142,6 @@ def register(registry: kopf.OperatorRegistry) -> None:
         if key is not None:
             memo.controller.enqueue_soon(key)
 
-    # The warm gate (issue 5) hooks in here: verify the pod's /ready report and patch its
-    # warmgate.dev/warmed condition, then enqueue the owner as below.
     @kopf.on.event("", "v1", "pods", labels=MANAGED, registry=registry)
     async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         # The warm gate judges the pod; the owner's status follows the pod.
