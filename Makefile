@@ -88,6 +88,10 @@ bench-server: install ## Cold vs warm first requests; throughput vs sentence-tra
 bench-operator: install k8s-bin ## Reconcile 200 EmbeddingServices against a real apiserver
 	$(PY) bench/operator/bench_operator.py
 
+.PHONY: bench-rollout
+bench-rollout: install k8s-bin ## A model reload under 20 req/s: failures, cold hits, p50/p99, rollout time
+	$(PY) bench/rollout/bench_rollout.py
+
 ##@ Housekeeping
 
 .PHONY: clean

@@ -54,7 +54,9 @@ def test_model_reload_under_load_drops_nothing_and_serves_nothing_cold(kube, ope
     assert emb["status"]["model"]["revision"] == "v2"
 
     # Each new pod was let in by the operator's verification, not by its probe alone.
-    for pod in kube.pods("reload"):
+    live = [p for p in kube.pods("reload") if not p["metadata"].get("deletionTimestamp")]
+    assert len(live) == 2
+    for pod in live:
         warmed = pod_condition(pod, "warmgate.dev/warmed")
         ready = pod_condition(pod, "Ready")
         assert warmed.get("status") == "True", warmed

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""`make bench-rollout`: a model reload under constant load, measured.
+
+Starts its own devcluster (real control plane, pods as processes), installs the CRD, runs the
+operator, deploys a 2-replica MiniLM EmbeddingService, sends RATE requests a second through the
+Service's node port, changes `spec.model.revision`, and reports for the reload: failed requests,
+cold responses, p50/p99 latency before, during and after the rollout, seconds from the spec change
+to the rollout's end, and each new pod's warmup seconds (from its /ready report). Runs the same
+reload with the warm gate and warmup off as the control, side by side.
+
+Results: bench/results/rollout.json and a markdown table on stdout (copied into
+docs/benchmarks.md by hand, with the machine it ran on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+
+from e2e_support import (  # noqa: E402
+    CRD,
+    Kube,
+    OperatorProcess,
+    embedding_service,
+    node_port,
+    wait_for,
+    wait_ready,
+)
+from warmgate_devcluster.cluster import DevCluster  # noqa: E402
+from warmgate_devcluster.loadgen import ConstantRateLoad, LoadReport  # noqa: E402
+from warmgate_devcluster.pytest_plugin import isolated_config, reserve_slot  # noqa: E402
+
+
+class Handle:
+    """The bits of the pytest fixture's handle that e2e_support needs."""
+
+    def __init__(self, cluster: DevCluster) -> None:
+        import os
+
+        self.cluster = cluster
+        self.env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
+
+    def kubectl(self, *args, check=True, input=None, timeout=120.0):
+        return subprocess.run(
+            [str(Path(self.cluster.bin_dir) / "kubectl"), *args],
+            env=self.env,
+            input=input,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
+        )
+
+
+def pod_warmups(kube: Kube, name: str) -> dict[str, float | None]:
+    result = {}
+    for pod in kube.pods(name):
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
+        ip = pod["status"].get("podIP")
+        try:
+            with urllib.request.urlopen(f"http://{ip}:8080/ready", timeout=5) as response:
+                result[pod["metadata"]["name"]] = json.load(response).get("warmup_seconds")
+        except OSError:
+            result[pod["metadata"]["name"]] = None
+    return result
+
+
+def phase_stats(report: LoadReport, start: float, end: float) -> dict:
+    samples = report.between(start, end)
+    return {
+        "requests": len(samples),
+        "failed": sum(1 for s in samples if not s.ok),
+        "cold": sum(1 for s in samples if s.cold),
+        "p50_ms": _round(LoadReport.percentile(samples, 50)),
+        "p99_ms": _round(LoadReport.percentile(samples, 99)),
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def run_reload(kube: Kube, name: str, rate: float, gate: bool) -> dict:
+    overrides = {} if gate else {"warmup": {"enabled": False}, "rollout": {"warmGate": False}}
+    kube.apply(embedding_service(name, "v1", **overrides))
+    wait_ready(kube, name, "v1", replicas=2, timeout=600)
+    url = f"http://127.0.0.1:{node_port(kube, name)}/v1/embeddings"
+    with ConstantRateLoad(url, rate=rate) as load:
+        wait_for(lambda: load.elapsed() >= 15, 60, "15 s of steady traffic")
+        changed = load.elapsed()
+        kube.patch("embeddingservice", name, {"spec": {"model": {"revision": "v2"}}})
+        wait_ready(kube, name, "v2", replicas=2, timeout=600)
+        done = load.elapsed()
+        wait_for(lambda: load.elapsed() >= done + 15, 60, "15 s of traffic after the rollout")
+        end = load.elapsed()
+    report = load.report
+    return {
+        "warm_gate_and_warmup": gate,
+        "rate_per_s": rate,
+        "rollout_seconds": round(done - changed, 1),
+        "before": phase_stats(report, 0, changed),
+        "during": phase_stats(report, changed, done),
+        "after": phase_stats(report, done, end + 60),
+        "total_failed": len(report.failed),
+        "total_cold": len(report.cold),
+        "errors": sorted({s.error or str(s.status) for s in report.failed})[:5],
+        "new_pod_warmup_seconds": pod_warmups(kube, name),
+    }
+
+
+def markdown(results: list[dict]) -> str:
+    lines = [
+        "| gate + warmup | phase | requests | failed | cold | p50 ms | p99 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        for phase in ("before", "during", "after"):
+            stats = result[phase]
+            lines.append(
+                f"| {'on' if result['warm_gate_and_warmup'] else 'off'} | {phase} | "
+                f"{stats['requests']} | {stats['failed']} | {stats['cold']} | "
+                f"{stats['p50_ms']} | {stats['p99_ms']} |"
+            )
+    lines.append("")
+    for result in results:
+        lines.append(
+            f"- gate {'on' if result['warm_gate_and_warmup'] else 'off'}: rollout "
+            f"{result['rollout_seconds']} s from spec change to done; new pods' warmup seconds "
+            f"{result['new_pod_warmup_seconds']}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--no-control", action="store_true", help="skip the gate-off control")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
+    cluster = DevCluster(isolated_config(work / "devcluster", reserve_slot()))
+    operator = None
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    try:
+        cluster.up(log=lambda *_: None)
+        handle = Handle(cluster)
+        handle.kubectl("apply", "--server-side", "-f", str(CRD))
+        handle.kubectl("wait", "--for=condition=Established", "crd/embeddingservices.warmgate.dev")
+        handle.kubectl("create", "namespace", "bench")
+        kube = Kube(handle, "bench")
+        operator = OperatorProcess(handle, "bench", work / "operator.log")
+        operator.start()
+        results = [run_reload(kube, "gated", args.rate, gate=True)]
+        if not args.no_control:
+            results.append(run_reload(kube, "plain", args.rate, gate=False))
+    finally:
+        if operator is not None:
+            operator.stop()
+        cluster.down(log=lambda *_: None)
+        signal.signal(signal.SIGTERM, previous)
+    machine = {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": __import__("os").cpu_count(),
+        "python": platform.python_version(),
+    }
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rollout.json").write_text(json.dumps({"machine": machine, "runs": results}, indent=2))
+    print(markdown(results))
+    print(yaml.safe_dump({"machine": machine}))
+    shutil.rmtree(work, ignore_errors=True)
+    failed = results[0]["total_failed"] or results[0]["total_cold"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
