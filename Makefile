@@ -84,6 +84,11 @@ docs: install ## Regenerate docs/api-reference.md from the CRD
 bench-server: install ## Cold vs warm first requests; throughput vs sentence-transformers and Infinity
 	$(PY) bench/server/bench_server.py
 
+.PHONY: bench-server-infinity
+bench-server-infinity: ## Install Infinity into its own venv (~/.cache/warmgate/infinity-venv) for bench-server
+	$(PYTHON) -m venv $(HOME)/.cache/warmgate/infinity-venv
+	$(HOME)/.cache/warmgate/infinity-venv/bin/pip install --quiet "infinity-emb[server,torch]"
+
 .PHONY: bench-operator
 bench-operator: install k8s-bin ## Reconcile 200 EmbeddingServices against a real apiserver
 	$(PY) bench/operator/bench_operator.py

@@ -39,6 +39,7 @@ from e2e_support import (  # noqa: E402
     wait_for,
     wait_ready,
 )
+
 from warmgate_devcluster.cluster import DevCluster  # noqa: E402
 from warmgate_devcluster.loadgen import ConstantRateLoad, LoadReport  # noqa: E402
 from warmgate_devcluster.pytest_plugin import isolated_config, reserve_slot  # noqa: E402

@@ -72,6 +72,8 @@ def test_chart_copies_are_in_sync_with_their_sources():
                 "image.tag=dev",
                 "serverImage=registry.local/warmgate-server:dev",
                 "serviceAccount.name=embedder",
+                "serverImagePullSecrets={regcred,mirror-creds}",
+                "imagePullSecrets[0].name=operator-creds",
             ],
         ),
     ],
@@ -137,9 +139,66 @@ def test_operator_deployment_is_single_restricted_and_probed(helm):
         ("watchNamespaces={Team_A}", "watchNamespaces"),
         ("healthPort=70000", "healthPort"),
         ("unknownValue=1", "unknownValue"),
+        ("serverImagePullSecrets={Reg_Cred}", "serverImagePullSecrets"),
     ],
 )
 def test_bad_values_fail_at_install_with_the_value_named(helm, value, complaint):
     result = run_helm(helm, "template", "wg", str(CHART), "--set", value, check=False)
     assert result.returncode != 0
     assert complaint in result.stderr
+
+
+DEFAULT_OPERATOR_SETTINGS = {
+    "namespaces": (),
+    "server_image_pull_secrets": (),
+    "log_format": "json",
+    "log_level": "INFO",
+    "resync_seconds": 60.0,
+    "workers": 8,
+    "liveness_endpoint": "http://0.0.0.0:8081/healthz",
+    "default_image": "ghcr.io/warmgate/warmgate-server:0.1.0",
+}
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([], {}),
+        (
+            [
+                "watchNamespaces={team-a,team-b}",
+                "serverImagePullSecrets={regcred,mirror-creds}",
+                "serverImage=registry.local/warmgate-server:dev",
+                "logFormat=text",
+                "logLevel=DEBUG",
+                "resyncSeconds=30",
+                "workers=4",
+                "healthPort=9000",
+            ],
+            {
+                "namespaces": ("team-a", "team-b"),
+                "server_image_pull_secrets": ("regcred", "mirror-creds"),
+                "default_image": "registry.local/warmgate-server:dev",
+                "log_format": "text",
+                "log_level": "DEBUG",
+                "resync_seconds": 30.0,
+                "workers": 4,
+                "liveness_endpoint": "http://0.0.0.0:9000/healthz",
+            },
+        ),
+    ],
+)
+def test_the_operator_accepts_every_argument_the_chart_renders(helm, values, expected):
+    """The chart and the operator's flags cannot drift apart: the rendered args parse, to the
+    values that were set."""
+    from warmgate_operator.config import load_config
+
+    (deployment,) = by_kind(render(helm, *values), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "command" not in container  # the image's ENTRYPOINT: python -m warmgate_operator
+    config = load_config(container["args"], env={})
+    wanted = {**DEFAULT_OPERATOR_SETTINGS, **expected}
+    assert {key: getattr(config, key) for key in wanted} == wanted
+    port = int(wanted["liveness_endpoint"].rsplit(":", 1)[1].split("/")[0])
+    assert container["ports"] == [{"name": "health", "containerPort": port}]
+    assert container["livenessProbe"]["httpGet"]["port"] == "health"

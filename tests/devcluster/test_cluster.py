@@ -23,6 +23,7 @@ from dc_helpers import (
 )
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
 from warmgate_devcluster import procs
 
 pytestmark = pytest.mark.cluster

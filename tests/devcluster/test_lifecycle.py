@@ -10,6 +10,7 @@ import time
 
 import pytest
 from dc_helpers import pod_manifest, server_container, wait_for
+
 from warmgate_devcluster import procs
 from warmgate_devcluster.cluster import COMPONENTS, DevCluster, agent_env
 from warmgate_devcluster.pytest_plugin import isolated_config, reserve_slot

@@ -7,6 +7,7 @@ import datetime as dt
 from decimal import Decimal
 
 import pytest
+
 from warmgate_devcluster import podspec
 from warmgate_devcluster.config import ClusterConfig
 from warmgate_devcluster.endpointslices import desired_slices

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from e2e_support import condition, embedding_service, node_port, wait_for, wait_ready
+
 from warmgate_devcluster.loadgen import ConstantRateLoad, Sample
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -7,6 +7,7 @@ import copy
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from warmgate_operator import gate
 
 ARGS = [

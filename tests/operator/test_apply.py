@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from operator_fakes import FakeClient
+
 from warmgate_operator import apply
 from warmgate_operator.builders import Owner, build_children
 from warmgate_operator.kube import DEPLOYMENT, HPA, SERVICE

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from warmgate_operator import builders
 from warmgate_operator.builders import Owner, build_children
 from warmgate_operator.config import DEFAULT_SERVER_IMAGE

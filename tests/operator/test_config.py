@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from warmgate_operator.__main__ import main
 from warmgate_operator.config import DEFAULT_SERVER_IMAGE, ConfigError, OperatorConfig, load_config
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from warmgate_operator.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 from operator_fakes import FakeClient
+
 from warmgate_operator.config import OperatorConfig
 from warmgate_operator.events import EventRecorder
 from warmgate_operator.kube import CONFIGMAP, DEPLOYMENT, EMBEDDING_SERVICE, HPA, PDB, SERVICE

@@ -7,6 +7,7 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from warmgate_operator.spec import SpecError, parse_spec
 
 

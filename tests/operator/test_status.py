@@ -6,6 +6,7 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from warmgate_operator.spec import parse_spec
 from warmgate_operator.status import Problem, compute_status
 

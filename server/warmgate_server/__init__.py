@@ -1,0 +1,3 @@
+"""warmgate's embedding server: warm every shape before /ready, then serve without cold hits."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,114 @@
+"""`python -m warmgate_server`: bind the port, then load, warm and serve until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+
+from aiohttp import web
+
+from .app import create_app, drain
+from .config import ConfigError, ServerConfig, parse_config
+from .context import RUNTIME
+
+log = logging.getLogger("warmgate_server")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def _write_termination_message(message: str) -> None:
+    """Kubernetes shows this file's text as the container's termination message (kubectl
+    describe, and the pod status the operator reads), so the reason outlives the process."""
+    path = os.environ.get("WARMGATE_TERMINATION_LOG", "/dev/termination-log")
+    if os.path.exists(path):
+        try:
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(message[:4000])
+        except OSError:
+            pass
+
+
+async def serve(config: ServerConfig) -> int:
+    """Serve until SIGTERM/SIGINT (drain, exit 0) or a failed start (exit 1)."""
+    # The port is bound before anything heavy, so liveness answers during load and warmup.
+    sock = _bind(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    app = create_app(config)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    log.info("listening on http://%s:%d", host, port)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    lifecycle = app[RUNTIME].lifecycle
+    stopping = asyncio.create_task(stop.wait())
+    failing = asyncio.create_task(lifecycle.failed_event.wait())
+    await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    failing.cancel()
+
+    code = 0
+    if lifecycle.failed_event.is_set():
+        log.error("exiting: %s", lifecycle.error)
+        _write_termination_message(str(lifecycle.error))
+        code = 1
+    else:
+        started = time.monotonic()
+        log.info("draining (up to %.1fs)", config.drain_seconds)
+        drained = await drain(app, config.drain_seconds)
+        log.info(
+            "drained %s in %.2fs", "cleanly" if drained else "partly", time.monotonic() - started
+        )
+    await runner.cleanup()
+    return code
+
+
+def run(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=os.environ.get("WARMGATE_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = parse_config(argv)
+    except ConfigError as exc:
+        print(f"warmgate-server: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(serve(config))
+    except OSError as exc:
+        print(
+            f"warmgate-server: error: cannot listen on {config.host}:{config.port}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    code = run(argv)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A model thread in the middle of loading or a forward pass cannot be interrupted, and the
+    # interpreter would wait for it at exit; the work is over, so leave now.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The aiohttp application factory and its lifecycle: threads, model load, warmup, draining."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+from aiohttp import web
+
+from .config import ServerConfig
+from .context import RUNTIME, Runtime
+from .engine import Engine, finish_vectors
+from .lifecycle import DRAINING, LOADING, READY, WARMING, Lifecycle
+from .metrics import Metrics
+from .routes import add_routes, count_requests
+from .runner import LoadedModel, ModelLoadError, load_model
+from .schemas import dumps, openai_response
+from .shapes import plan_warmup
+from .warmup import SettleRule
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    config: ServerConfig,
+    *,
+    preloaded: LoadedModel | None = None,
+    settle_rule: SettleRule | None = None,
+) -> web.Application:
+    """Build the app. Loading and warmup start in the background once it starts up.
+
+    `preloaded` lets several apps in one process (tests) share one model in memory; each app
+    still tracks its own executed shapes and warms its own plan.
+    """
+    plan = plan_warmup(
+        config.warmup_batch_sizes,
+        config.sequence_buckets,
+        config.max_batch_tokens,
+        config.max_batch_size,
+        config.profile_shapes,
+    )
+    for shape in plan.ignored_profile_shapes:
+        log.warning("warmup profile shape %s cannot occur with this configuration", shape.key)
+    metrics = Metrics()
+    lifecycle = Lifecycle(
+        model_id=config.model,
+        revision=config.model_revision,
+        served_name=config.effective_served_name,
+        device=config.device,
+        dtype=config.dtype,
+        planned=plan.shapes,
+        on_phase=metrics.set_phase,
+    )
+    runtime = Runtime(
+        config=config,
+        lifecycle=lifecycle,
+        metrics=metrics,
+        plan=plan.shapes,
+        pod_name=os.environ.get("POD_NAME") or socket.gethostname(),
+    )
+    app = web.Application(client_max_size=config.payload_limit, middlewares=[count_requests])
+    app[RUNTIME] = runtime
+    app.cleanup_ctx.append(_threads)
+    app.cleanup_ctx.append(_bring_up(preloaded, settle_rule or SettleRule()))
+    add_routes(app)
+    return app
+
+
+async def _threads(app: web.Application) -> AsyncIterator[None]:
+    """One model thread (torch runs one batch at a time) and one tokenizer thread."""
+    runtime = app[RUNTIME]
+    runtime.model_thread = ThreadPoolExecutor(1, thread_name_prefix="warmgate-model")
+    runtime.tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="warmgate-tokenizer")
+    yield
+    # A forward pass in progress cannot be interrupted; do not wait for it here.
+    runtime.model_thread.shutdown(wait=False, cancel_futures=True)
+    runtime.tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+
+
+def _bring_up(preloaded: LoadedModel | None, settle_rule: SettleRule):
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        runtime = app[RUNTIME]
+        runtime.tasks.append(asyncio.create_task(_start(runtime, preloaded, settle_rule)))
+        yield
+        for task in runtime.tasks:
+            task.cancel()
+        await asyncio.gather(*runtime.tasks, return_exceptions=True)
+
+    return context
+
+
+async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRule) -> None:
+    config, lifecycle = runtime.config, runtime.lifecycle
+    assert runtime.model_thread is not None and runtime.tokenizer_thread is not None
+    try:
+        loaded = preloaded
+        if loaded is None:
+            loop = asyncio.get_running_loop()
+            loaded = await loop.run_in_executor(runtime.model_thread, load_model, config)
+        engine = Engine(
+            config,
+            loaded,
+            runtime.plan,
+            runtime.metrics,
+            runtime.model_thread,
+            runtime.tokenizer_thread,
+        )
+        lifecycle.device, lifecycle.dtype = loaded.device_name, loaded.dtype_name
+        runtime.engine = engine
+        runtime.tasks.append(asyncio.create_task(engine.scheduler.run()))
+        if lifecycle.phase != LOADING:  # drained while loading
+            return
+        if config.warmup:
+            lifecycle.enter(WARMING)
+            await engine.warm(lifecycle, rule)
+            await _warm_serving_path(engine)
+            if lifecycle.phase != WARMING:
+                return
+            log.info(
+                "warmed %d shapes in %.1fs", len(lifecycle.warmed), lifecycle.warmup_seconds or 0
+            )
+        else:
+            log.warning("warmup is off: the first request of each shape will be cold")
+        lifecycle.enter(READY)
+        log.info("ready")
+    except asyncio.CancelledError:
+        raise
+    except ModelLoadError as exc:
+        log.error("cannot start: %s", exc)
+        lifecycle.fail(str(exc))
+    except Exception as exc:
+        log.exception("startup failed")
+        lifecycle.fail(f"{type(exc).__name__}: {exc}")
+
+
+async def _warm_serving_path(engine: Engine) -> None:
+    """One unrecorded request through tokenizer thread, batcher and response encoding, so the
+    first user request pays for none of their first-use costs either."""
+    result = await engine.embed(["warm the serving path"], record=False)
+    vectors = finish_vectors(result.vectors, None, True)
+    dumps(openai_response(vectors, "warmup", result.prompt_tokens, as_base64=False))
+    dumps(openai_response(vectors, "warmup", result.prompt_tokens, as_base64=True))
+
+
+async def drain(app: web.Application, seconds: float) -> bool:
+    """Turn /ready 503 now, then wait (at most `seconds`) for in-flight and queued work."""
+    runtime = app[RUNTIME]
+    runtime.lifecycle.begin_drain()
+    deadline = time.monotonic() + seconds
+    while not runtime.idle:
+        if time.monotonic() >= deadline:
+            log.warning("drain time is up with %d requests in flight", runtime.in_flight)
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+__all__ = ["DRAINING", "create_app", "drain"]

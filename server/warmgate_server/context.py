@@ -1,0 +1,68 @@
+"""What one app holds at run time, under one AppKey."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from .config import ServerConfig
+from .engine import Engine
+from .errors import ApiError
+from .lifecycle import Lifecycle
+from .metrics import Metrics
+from .shapes import Shape
+
+
+@dataclass
+class Runtime:
+    config: ServerConfig
+    lifecycle: Lifecycle
+    metrics: Metrics
+    plan: tuple[Shape, ...]
+    pod_name: str
+    engine: Engine | None = None
+    model_thread: ThreadPoolExecutor | None = None
+    tokenizer_thread: ThreadPoolExecutor | None = None
+    in_flight: int = 0
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def idle(self) -> bool:
+        return self.in_flight == 0 and (self.engine is None or self.engine.scheduler.idle)
+
+    def admit(self) -> Engine:
+        """Let one embedding request in, or refuse it at once (503 not ready, 429 overloaded)."""
+        lifecycle = self.lifecycle
+        if not lifecycle.accepts_embeddings or self.engine is None:
+            self.metrics.rejected.labels(reason="not_ready").inc()
+            detail = f": {lifecycle.error}" if lifecycle.error else ""
+            progress = f" ({len(lifecycle.warmed)}/{len(lifecycle.planned)} shapes warm)"
+            raise ApiError(
+                503,
+                f"the model is not ready to serve (phase {lifecycle.phase}{progress}{detail}); "
+                "retry when GET /ready answers 200",
+                "unhealthy",
+                "not_ready",
+            )
+        if self.in_flight >= self.config.max_concurrent_requests:
+            self.metrics.rejected.labels(reason="overloaded").inc()
+            raise ApiError(
+                429,
+                f"overloaded: {self.in_flight} requests in flight, the limit is "
+                f"{self.config.max_concurrent_requests}; retry later",
+                "overloaded",
+                "overloaded",
+            )
+        self.in_flight += 1
+        self.metrics.in_flight.set(self.in_flight)
+        return self.engine
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self.metrics.in_flight.set(self.in_flight)
+
+
+RUNTIME = web.AppKey("runtime", Runtime)

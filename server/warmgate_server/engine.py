@@ -1,0 +1,150 @@
+"""The serving engine: the runner behind its threads, the batcher, warmup. The HTTP layer calls
+`embed`; nothing here knows HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from .config import ServerConfig
+from .lifecycle import WARMING, Lifecycle, WarmedShape
+from .metrics import Metrics
+from .runner import BatchResult, LoadedModel, ModelLoadError, ModelRunner
+from .scheduler import Embedded, Scheduler
+from .shapes import Shape, ShapePolicy
+from .warmup import SettleRule, should_stop, steady_seconds
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    vectors: np.ndarray
+    prompt_tokens: int
+    cold: bool
+
+
+def finish_vectors(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
+    """Keep the first `dimensions` components (Matryoshka-style), then L2-normalise if asked."""
+    if dimensions is not None:
+        vectors = vectors[:, :dimensions]
+    if normalize:
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        vectors = vectors / np.maximum(norms, 1e-12)
+    return vectors
+
+
+class Engine:
+    def __init__(
+        self,
+        config: ServerConfig,
+        loaded: LoadedModel,
+        plan: Sequence[Shape],
+        metrics: Metrics,
+        model_thread: ThreadPoolExecutor,
+        tokenizer_thread: ThreadPoolExecutor,
+    ) -> None:
+        max_input_length = min(
+            config.max_input_length or loaded.model_max_length, config.largest_bucket
+        )
+        positions = getattr(loaded.model.config, "max_position_embeddings", None)
+        if isinstance(positions, int) and max_input_length > positions:
+            raise ModelLoadError(
+                f"--max-input-length {max_input_length} is above this model's "
+                f"{positions} positions: lower --max-input-length (and the buckets above it)"
+            )
+        self.config = config
+        self.loaded = loaded
+        self.plan = tuple(plan)
+        self.runner = ModelRunner(loaded, config.pooling, max_input_length)
+        self.metrics = metrics
+        self._model_thread = model_thread
+        self._tokenizer_thread = tokenizer_thread
+        policy = ShapePolicy.build(
+            config.sequence_buckets,
+            config.max_batch_size,
+            config.max_batch_tokens,
+            config.pad_batch,
+            self.plan,
+        )
+        self.scheduler = Scheduler(
+            policy=policy,
+            execute=self._execute,
+            metrics=metrics,
+            max_wait_s=config.max_wait_ms / 1000.0,
+            max_queued_inputs=config.max_concurrent_requests * config.max_batch_size,
+            more_coming=lambda: self._tokenizing > 0,
+        )
+        self._tokenizing = 0
+
+    @property
+    def hidden_size(self) -> int:
+        return self.loaded.hidden_size
+
+    @property
+    def max_input_length(self) -> int:
+        return self.runner.max_input_length
+
+    async def _in_model_thread(self, function: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._model_thread, function, *args)
+
+    async def _execute(self, batch: list[Sequence[int]], shape: Shape) -> BatchResult:
+        return await self._in_model_thread(self.runner.execute, batch, shape)
+
+    async def embed(
+        self,
+        texts: Sequence[str],
+        truncate: bool = False,
+        truncate_left: bool = False,
+        record: bool = True,
+    ) -> Embeddings:
+        """Tokenize (tokenizer thread), batch, run (model thread). Raises InputTooLong."""
+        loop = asyncio.get_running_loop()
+        self._tokenizing += 1
+        try:
+            token_ids = await loop.run_in_executor(
+                self._tokenizer_thread, self.runner.tokenize, texts, truncate, truncate_left
+            )
+        finally:
+            self._tokenizing -= 1
+        if record:
+            for ids in token_ids:
+                self.metrics.input_tokens.observe(len(ids))
+        embedded: Embedded = await self.scheduler.submit(token_ids, record=record)
+        return Embeddings(embedded.vectors, sum(map(len, token_ids)), embedded.cold)
+
+    async def warm(self, lifecycle: Lifecycle, rule: SettleRule | None = None) -> None:
+        """Run every planned shape through the serving path until its latency settles."""
+        rule = rule or SettleRule()
+        started = time.perf_counter()
+        for shape in self.plan:
+            if lifecycle.phase != WARMING:  # draining or failed: stop warming
+                return
+            inputs = await self._in_model_thread(self.runner.warmup_inputs, shape)
+            shape_started = time.perf_counter()
+            seconds: list[float] = []
+            while not should_stop(seconds, rule):
+                result = await self._execute(inputs, shape)
+                seconds.append(result.seconds)
+            steady = steady_seconds(seconds, rule)
+            spent = time.perf_counter() - shape_started
+            lifecycle.warmed[shape] = WarmedShape(shape, steady * 1000.0, len(seconds), spent)
+            self.metrics.warmup_shape_duration.labels(shape=shape.key).set(spent)
+            self.metrics.warmup_shape_steady.labels(shape=shape.key).set(steady)
+            log.info(
+                "warmed %s: first %.1f ms, steady %.1f ms after %d runs",
+                shape.key,
+                seconds[0] * 1000.0,
+                steady * 1000.0,
+                len(seconds),
+            )
+        lifecycle.warmup_seconds = time.perf_counter() - started
+        self.metrics.warmup_duration.set(lifecycle.warmup_seconds)

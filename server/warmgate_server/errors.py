@@ -1,0 +1,46 @@
+"""Errors a client caused or can act on, with both APIs' error shapes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_OPENAI_TYPES = {
+    404: "not_found_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+@dataclass
+class ApiError(Exception):
+    status: int
+    message: str
+    error_type: str
+    """text-embeddings-inference's error_type: validation, empty, tokenizer, overloaded,
+    unhealthy, backend."""
+    code: str
+    """A short machine-readable reason (OpenAI's `code`)."""
+    param: str | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+    def tei_body(self) -> dict[str, object]:
+        return {"error": self.message, "error_type": self.error_type}
+
+    def openai_body(self) -> dict[str, object]:
+        if self.status >= 500 and self.status != 503:
+            kind = "server_error"
+        else:
+            kind = _OPENAI_TYPES.get(self.status, "invalid_request_error")
+        return {
+            "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        }
+
+
+def validation(message: str, code: str, param: str | None = None) -> ApiError:
+    return ApiError(422, message, "validation", code, param)
+
+
+def empty(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, "empty", "empty_input", param)

@@ -1,0 +1,93 @@
+"""The server's lifecycle: phase, warmup progress and the /ready report (docs/contract.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from .shapes import Shape
+
+LOADING, WARMING, READY, DRAINING, FAILED = "loading", "warming", "ready", "draining", "failed"
+
+
+@dataclass(frozen=True)
+class WarmedShape:
+    shape: Shape
+    steady_ms: float
+    runs: int
+    seconds: float
+    """Wall time spent warming this shape, first (cold) run included."""
+
+
+@dataclass
+class Lifecycle:
+    """Mutable state, touched only on the event loop."""
+
+    model_id: str
+    revision: str
+    served_name: str
+    device: str
+    dtype: str
+    planned: tuple[Shape, ...]
+    phase: str = LOADING
+    error: str | None = None
+    warmed: dict[Shape, WarmedShape] = field(default_factory=dict)
+    warmup_seconds: float | None = None
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    pid: int = field(default_factory=os.getpid)
+    failed_event: asyncio.Event = field(default_factory=asyncio.Event)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    on_phase: Callable[[str], None] | None = None
+
+    @property
+    def is_ready(self) -> bool:
+        return self.phase == READY
+
+    @property
+    def accepts_embeddings(self) -> bool:
+        """Serving continues while draining: in-flight clients and late arrivals get answers."""
+        return self.phase in (READY, DRAINING)
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+        if self.on_phase is not None:
+            self.on_phase(phase)
+
+    def fail(self, error: str) -> None:
+        self.error = error
+        self.enter(FAILED)
+        self.failed_event.set()
+
+    def begin_drain(self) -> None:
+        if self.phase != FAILED:
+            self.enter(DRAINING)
+
+    def report(self) -> dict[str, object]:
+        """The /ready body: the same keys in every phase."""
+        return {
+            "phase": self.phase,
+            "ready": self.is_ready,
+            "model": {
+                "id": self.model_id,
+                "revision": self.revision,
+                "served_name": self.served_name,
+            },
+            "device": self.device,
+            "dtype": self.dtype,
+            "planned_shapes": [shape.as_json() for shape in self.planned],
+            "warmed_shapes": [
+                {**done.shape.as_json(), "steady_ms": round(done.steady_ms, 3), "runs": done.runs}
+                for done in self.warmed.values()
+            ],
+            "progress": {"done": len(self.warmed), "total": len(self.planned)},
+            "warmup_seconds": (
+                None if self.warmup_seconds is None else round(self.warmup_seconds, 3)
+            ),
+            "error": self.error,
+            "started_at": self.started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "pid": self.pid,
+        }

@@ -1,0 +1,283 @@
+"""The model runner: load, tokenize, forward, pool. Knows torch and the model, nothing of HTTP.
+
+Every method that touches torch runs in the app's single model thread (see app.py), never on
+the event loop; `tokenize` runs in the tokenizer thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .config import ServerConfig
+from .shapes import Shape
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+# Text whose tokens fill warmup inputs. Real words, so the tokenizer path is the serving one.
+_WARMUP_TEXT = (
+    "warmgate warms every shape of its plan before it reports ready, so that no user request "
+    "ever pays for lazy initialisation, kernel selection or memory pool growth. "
+)
+
+
+class ModelLoadError(RuntimeError):
+    """The model cannot be loaded; the message says what to change."""
+
+
+def _leading_ones(mask: Sequence[int]) -> int:
+    count = 0
+    for value in mask:
+        if value != 1:
+            break
+        count += 1
+    return count
+
+
+class InputTooLong(ValueError):
+    def __init__(self, index: int, length: int, limit: int) -> None:
+        super().__init__(f"input {index} has {length} tokens, above the limit of {limit}")
+        self.index, self.length, self.limit = index, length, limit
+
+
+def resolve_model_path(model: str) -> Path:
+    """A local folder, or a Hugging Face id found in the local cache. Never downloads."""
+    folder = Path(model).expanduser()
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise ModelLoadError(f"--model {model}: the folder has no config.json (not a model)")
+        return folder.resolve()
+    if model.startswith(("/", ".", "~")) or model.count("/") > 1:
+        raise ModelLoadError(f"--model {model}: no such folder")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=model, local_files_only=True))
+    except Exception as exc:
+        cache = os.environ.get("HF_HOME", "~/.cache/huggingface")
+        raise ModelLoadError(
+            f"--model {model}: not a local folder and not in the Hugging Face cache under "
+            f"{cache} ({type(exc).__name__}); this server never downloads: put the model in the "
+            "cache (HF_HOME) or pass --model /path/to/model-folder"
+        ) from None
+
+
+def _model_max_length(path: Path, model_config: Any, tokenizer: Any) -> int:
+    """The model's own input limit: sentence-transformers' max_seq_length when present."""
+    st_config = path / "sentence_bert_config.json"
+    if st_config.is_file():
+        value = json.loads(st_config.read_text()).get("max_seq_length")
+        if isinstance(value, int) and value > 0:
+            return value
+    limits = [getattr(model_config, "max_position_embeddings", None), tokenizer.model_max_length]
+    usable = [value for value in limits if isinstance(value, int) and 0 < value < 1_000_000]
+    return min(usable) if usable else 512
+
+
+@dataclass
+class LoadedModel:
+    """A model and tokenizer in memory, with the facts serving needs about them."""
+
+    path: Path
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    hidden_size: int
+    model_max_length: int
+    pad_token_id: int
+    cls_token_id: int
+    uses_token_type_ids: bool
+
+    @property
+    def device_name(self) -> str:
+        return str(self.device)
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+
+def default_torch_threads() -> int:
+    """All usable CPUs but one: the event loop and the tokenizer need a core, and torch's
+    thread pool degrades badly (10x and more) when its threads compete for cores."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+def _pick_device(requested: str) -> torch.device:
+    import torch
+
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(
+            f"--device {requested}: CUDA is not available in this process "
+            f"(torch {torch.__version__}); use --device cpu or auto"
+        )
+    return torch.device(requested)
+
+
+def _pick_dtype(requested: str, device: torch.device) -> torch.dtype:
+    import torch
+
+    if requested == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    return getattr(torch, requested)
+
+
+def load_model(config: ServerConfig) -> LoadedModel:
+    """Resolve, load and place the model. Slow: call it in the model thread."""
+    path = resolve_model_path(config.model)
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+    threads = config.torch_threads or default_torch_threads()
+    torch.set_num_threads(threads)
+    device = _pick_device(config.device)
+    dtype = _pick_dtype(config.dtype, device)
+    started = time.perf_counter()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True)
+        try:
+            model = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=dtype)
+        except TypeError:  # transformers 4.x names it torch_dtype
+            model = AutoModel.from_pretrained(str(path), local_files_only=True, torch_dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"--model {config.model}: cannot load it from {path}: {exc}") from exc
+    model.to(device)
+    model.eval()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else pad_id
+    loaded = LoadedModel(
+        path=path,
+        model=model,
+        tokenizer=tokenizer,
+        device=device,
+        dtype=dtype,
+        hidden_size=int(model.config.hidden_size),
+        model_max_length=_model_max_length(path, model.config, tokenizer),
+        pad_token_id=int(pad_id),
+        cls_token_id=int(cls_id),
+        uses_token_type_ids="token_type_ids" in tokenizer.model_input_names,
+    )
+    log.info(
+        "loaded %s on %s as %s in %.1fs (%d torch threads)",
+        path,
+        loaded.device_name,
+        loaded.dtype_name,
+        time.perf_counter() - started,
+        threads,
+    )
+    return loaded
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    vectors: np.ndarray
+    """(real inputs, hidden) pooled, float32, not normalised."""
+    seconds: float
+    first_time: bool
+    """This shape ran for the first time in this process (a cold hit unless warming)."""
+
+
+class ModelRunner:
+    """tokenize / forward / pool for one served model, and the set of shapes already run."""
+
+    def __init__(self, loaded: LoadedModel, pooling: str, max_input_length: int) -> None:
+        self.loaded = loaded
+        self.pooling = pooling
+        self.max_input_length = max_input_length
+        self._executed: set[Shape] = set()
+
+    def has_run(self, shape: Shape) -> bool:
+        return shape in self._executed
+
+    def tokenize(
+        self,
+        texts: Sequence[str],
+        truncate: bool = False,
+        truncate_left: bool = False,
+        max_length: int | None = None,
+    ) -> list[list[int]]:
+        """Token ids with special tokens, unpadded. Raises InputTooLong unless truncating.
+
+        Truncation keeps the model's special tokens and cuts the text between them, on the
+        right (end of the text) or the left (start of the text).
+        """
+        limit = max_length or self.max_input_length
+        encoded = self.loaded.tokenizer(list(texts), return_special_tokens_mask=True, verbose=False)
+        result = []
+        for index, (ids, special) in enumerate(
+            zip(encoded["input_ids"], encoded["special_tokens_mask"], strict=True)
+        ):
+            if len(ids) > limit:
+                if not truncate:
+                    raise InputTooLong(index, len(ids), limit)
+                head = _leading_ones(special)
+                tail = _leading_ones(special[::-1])
+                room = max(limit - head - tail, 0)
+                content = ids[head : len(ids) - tail]
+                content = content[len(content) - room :] if truncate_left else content[:room]
+                ids = ids[:head] + content + ids[len(ids) - tail :]
+            result.append(ids)
+        return result
+
+    def warmup_inputs(self, shape: Shape) -> list[list[int]]:
+        """`shape.batch_size` inputs of exactly `shape.seq_len` tokens, via the tokenizer."""
+        words_needed = shape.seq_len // 8 + 1
+        text = _WARMUP_TEXT * words_needed
+        ids = self.tokenize([text], truncate=True, max_length=shape.seq_len)[0]
+        return [ids] * shape.batch_size
+
+    def execute(self, batch: Sequence[Sequence[int]], shape: Shape) -> BatchResult:
+        """Run one padded batch of `shape`; the first `len(batch)` rows are real inputs."""
+        started = time.perf_counter()
+        first_time = shape not in self._executed
+        vectors = self._forward(batch, shape)
+        self._executed.add(shape)
+        return BatchResult(vectors, time.perf_counter() - started, first_time)
+
+    def _forward(self, batch: Sequence[Sequence[int]], shape: Shape) -> np.ndarray:
+        import torch
+
+        loaded = self.loaded
+        count = len(batch)
+        ids = np.full(shape, loaded.pad_token_id, dtype=np.int64)
+        mask = np.zeros(shape, dtype=np.int64)
+        for row, tokens in enumerate(batch):
+            ids[row, : len(tokens)] = tokens
+            mask[row, : len(tokens)] = 1
+        # Padding rows get one real token: an all-masked row can turn attention into NaN.
+        ids[count:, 0] = loaded.cls_token_id
+        mask[count:, 0] = 1
+        device = loaded.device
+        inputs = {
+            "input_ids": torch.from_numpy(ids).to(device),
+            "attention_mask": torch.from_numpy(mask).to(device),
+        }
+        if loaded.uses_token_type_ids:
+            inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
+        with torch.inference_mode():
+            output = loaded.model(**inputs)
+            hidden = output[0][:count].float()
+            if self.pooling == "cls":
+                pooled = hidden[:, 0]
+            else:
+                weights = inputs["attention_mask"][:count].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+            # .cpu() waits for the device, so the timing covers the whole forward pass.
+            return pooled.cpu().numpy()

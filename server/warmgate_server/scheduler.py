@@ -1,0 +1,240 @@
+"""The dynamic batcher: a bounded queue of inputs grouped by sequence bucket, batches built
+against the batch-size and token limits (padding counted), results handed back per request in
+order. Knows tokens, buckets and futures; nothing of HTTP or torch."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .metrics import Metrics
+from .runner import BatchResult
+from .shapes import Shape, ShapePolicy, bucket_for
+
+log = logging.getLogger(__name__)
+
+Execute = Callable[[list[Sequence[int]], Shape], Awaitable[BatchResult]]
+
+
+class QueueFull(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Embedded:
+    vectors: np.ndarray
+    """(inputs, hidden) float32, in request order, not normalised."""
+    cold: bool
+    """At least one of the batches that served this request ran its shape for the first time."""
+
+
+@dataclass
+class _Request:
+    future: asyncio.Future[Embedded]
+    size: int
+    remaining: int
+    recorded: bool = True
+    vectors: np.ndarray | None = None
+    cold: bool = False
+
+    @property
+    def abandoned(self) -> bool:
+        """The client left (the handler was cancelled) or the request already failed."""
+        return self.future.done()
+
+
+@dataclass
+class _Item:
+    request: _Request
+    index: int
+    token_ids: Sequence[int]
+    bucket: int
+    order: int
+    enqueued: float
+
+
+@dataclass
+class Scheduler:
+    policy: ShapePolicy
+    execute: Execute
+    metrics: Metrics
+    max_wait_s: float
+    max_queued_inputs: int
+    more_coming: Callable[[], bool] = lambda: True
+    """Whether other requests are about to be queued (e.g. being tokenized). When none are,
+    waiting for a fuller batch only adds latency."""
+    _pending: dict[int, deque[_Item]] = field(default_factory=dict)
+    _arrival: asyncio.Event = field(default_factory=asyncio.Event)
+    _order: itertools.count = field(default_factory=itertools.count)
+    _queued: int = 0
+    _busy: bool = False
+    served: Counter[Shape] = field(default_factory=Counter)
+    """Shapes run for requests (warmup excluded), with counts: the /warmup/profile."""
+
+    @property
+    def depth(self) -> int:
+        return self._queued
+
+    @property
+    def idle(self) -> bool:
+        return self._queued == 0 and not self._busy
+
+    async def submit(self, token_ids: Sequence[Sequence[int]], record: bool = True) -> Embedded:
+        """Queue one request's inputs (each within the largest bucket) and await its vectors.
+
+        `record=False` keeps the request out of the served-shape profile and batch metrics
+        (the server's own warmup of the serving path)."""
+        if self._queued + len(token_ids) > self.max_queued_inputs:
+            raise QueueFull(f"{self._queued} inputs already queued")
+        loop = asyncio.get_running_loop()
+        request = _Request(loop.create_future(), len(token_ids), len(token_ids), record)
+        now = time.monotonic()
+        for index, ids in enumerate(token_ids):
+            bucket = bucket_for(len(ids), self.policy.buckets)
+            if bucket is None:
+                raise ValueError(f"input {index} has {len(ids)} tokens, above the largest bucket")
+            item = _Item(request, index, ids, bucket, next(self._order), now)
+            self._pending.setdefault(bucket, deque()).append(item)
+        self._queued += len(token_ids)
+        self.metrics.queue_depth.set(self._queued)
+        self._arrival.set()
+        try:
+            return await request.future
+        finally:
+            # A cancelled handler leaves its items queued; the batcher drops them unrun.
+            if not request.future.done():
+                request.future.cancel()
+
+    def _drop_abandoned_heads(self) -> None:
+        for bucket, items in list(self._pending.items()):
+            while items and items[0].request.abandoned:
+                items.popleft()
+                self._queued -= 1
+            if not items:
+                del self._pending[bucket]
+
+    def _choose_bucket(self) -> int | None:
+        """The bucket of the next batch: the oldest input always rides in it; among the buckets
+        that hold it, the one with the fewest padded tokens per input (shorter inputs fill a
+        longer bucket's rows when that beats running them apart)."""
+        self._drop_abandoned_heads()
+        if not self._pending:
+            return None
+        anchor = min(self._pending, key=lambda bucket: self._pending[bucket][0].order)
+        best: tuple[float, int] | None = None
+        waiting = 0
+        for bucket in sorted(self._pending):
+            waiting += len(self._pending[bucket])
+            if bucket < anchor:
+                continue
+            count = min(waiting, self.policy.capacity(bucket))
+            cost = self.policy.shape_for(count, bucket).tokens / count
+            if best is None or cost < best[0]:
+                best = (cost, bucket)
+        assert best is not None
+        return best[1]
+
+    def _take(self, bucket: int) -> list[_Item]:
+        """Up to a batch of inputs that fit `bucket`, oldest first."""
+        capacity = self.policy.capacity(bucket)
+        sources = [items for key, items in self._pending.items() if key <= bucket]
+        taken: list[_Item] = []
+        while len(taken) < capacity:
+            heads = [items for items in sources if items]
+            if not heads:
+                break
+            item = min(heads, key=lambda items: items[0].order).popleft()
+            self._queued -= 1
+            if not item.request.abandoned:
+                taken.append(item)
+        for key in [key for key, items in self._pending.items() if not items]:
+            del self._pending[key]
+        self.metrics.queue_depth.set(self._queued)
+        return taken
+
+    async def _wait_for_more(self, bucket: int) -> None:
+        """Give a batch that is not full up to max_wait from its oldest input to fill up."""
+        oldest = min(items[0].enqueued for items in self._pending.values() if items)
+        deadline = oldest + self.max_wait_s
+        capacity = self.policy.capacity(bucket)
+        while self._queued < capacity:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._arrival.clear()
+            try:
+                await asyncio.wait_for(self._arrival.wait(), remaining)
+            except TimeoutError:
+                return
+
+    async def run(self) -> None:
+        """The batching loop; runs until cancelled."""
+        while True:
+            bucket = self._choose_bucket()
+            if bucket is None:
+                self._arrival.clear()
+                await self._arrival.wait()
+                continue
+            if (
+                self.max_wait_s > 0
+                and self.more_coming()
+                and self._queued < self.policy.capacity(bucket)
+            ):
+                await self._wait_for_more(bucket)
+                bucket = self._choose_bucket()
+                if bucket is None:
+                    continue
+            batch = self._take(bucket)
+            if batch:
+                self._busy = True
+                try:
+                    await self._run_batch(batch)
+                finally:
+                    self._busy = False
+
+    async def _run_batch(self, batch: list[_Item]) -> None:
+        bucket = max(item.bucket for item in batch)  # the smallest bucket that holds them all
+        shape = self.policy.shape_for(len(batch), bucket)
+        try:
+            result = await self.execute([item.token_ids for item in batch], shape)
+        except asyncio.CancelledError:
+            for item in batch:
+                if not item.request.abandoned:
+                    item.request.future.cancel()
+            raise
+        except Exception as exc:
+            log.exception("batch %s failed", shape.key)
+            for item in batch:
+                if not item.request.abandoned:
+                    item.request.future.set_exception(exc)
+            return
+        if any(item.request.recorded for item in batch):
+            self.served[shape] += 1
+            real_tokens = sum(len(item.token_ids) for item in batch)
+            self.metrics.observe_batch(
+                shape, len(batch), real_tokens, result.seconds, result.first_time
+            )
+        for row, item in enumerate(batch):
+            request = item.request
+            if request.abandoned:
+                continue
+            if request.vectors is None:
+                hidden = result.vectors.shape[1]
+                request.vectors = np.empty((request.size, hidden), dtype=np.float32)
+            request.vectors[item.index] = result.vectors[row]
+            request.cold = request.cold or result.first_time
+            request.remaining -= 1
+            if request.remaining == 0:
+                request.future.set_result(Embedded(request.vectors, request.cold))
+
+    def profile(self) -> dict[str, list[dict[str, int]]]:
+        """The served shapes with counts, most frequent first (the warmup profile format)."""
+        ranked = sorted(self.served.items(), key=lambda entry: (-entry[1], entry[0]))
+        return {"shapes": [{**shape.as_json(), "count": count} for shape, count in ranked]}

@@ -1,0 +1,187 @@
+"""Helpers for installing the chart into the devcluster and running the operator the way the
+installed Deployment would: its image's entrypoint, the manifest's arguments and environment,
+and the chart ServiceAccount's identity (a token, not the admin certificate)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "warmgate"
+EXAMPLE = ROOT / "examples" / "minilm.yaml"
+OPERATOR_DOCKERFILE = ROOT / "operator" / "Dockerfile"
+
+T = TypeVar("T")
+
+
+def wait_until(probe: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def helm(cluster: Any, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """The devcluster's helm, against its apiserver, with a throwaway helm home."""
+    result = subprocess.run(
+        [str(cluster.bin_dir / "helm"), *args],
+        env={**cluster.env, "HOME": "/tmp", "HELM_CACHE_HOME": "/tmp/.helm-cache"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
+    return result
+
+
+def get_json(cluster: Any, *args: str) -> dict[str, Any] | None:
+    result = cluster.kubectl("get", *args, "-o", "json", check=False)
+    if result.returncode != 0:
+        if "NotFound" in result.stderr:
+            return None
+        raise AssertionError(f"kubectl get {' '.join(args)}: {result.stderr}")
+    return json.loads(result.stdout)
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    for item in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if item.get("type") == kind:
+            return item
+    return {}
+
+
+def tiny_minilm(name: str = "minilm") -> dict[str, Any]:
+    """examples/minilm.yaml, shrunk so one real server pod warms fast on a 2-core machine:
+    one replica, batch size 1, buckets 16 and 32 (two shapes)."""
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"]["name"] = name
+    spec = body["spec"]
+    spec["replicas"] = 1
+    spec["model"]["maxInputLength"] = 32
+    spec["batching"].update(maxBatchSize=1, maxBatchTokens=64)
+    spec["warmup"].update(batchSizes=[1], sequenceBuckets=[16, 32])
+    spec["probes"].update(periodSeconds=1)
+    return body
+
+
+def image_entrypoint(dockerfile: Path = OPERATOR_DOCKERFILE) -> list[str]:
+    """The final stage's exec-form ENTRYPOINT, with `python` meaning this interpreter."""
+    entrypoint: list[str] | None = None
+    for line in dockerfile.read_text().splitlines():
+        if line.startswith("ENTRYPOINT "):
+            entrypoint = json.loads(line.removeprefix("ENTRYPOINT "))
+    assert entrypoint, f"{dockerfile} has no exec-form ENTRYPOINT"
+    return [sys.executable if word == "python" else word for word in entrypoint]
+
+
+def service_account_kubeconfig(cluster: Any, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig for the devcluster's apiserver (URL and CA from the admin one) that
+    authenticates with a token of `account`, so every request is authorised by its RBAC."""
+    token = cluster.kubectl(
+        "create", "token", account, "-n", namespace, "--duration=1h"
+    ).stdout.strip()
+    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    server = admin["clusters"][0]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [server],
+                "users": [{"name": account, "user": {"token": token}}],
+                "contexts": [
+                    {"name": account, "context": {"cluster": server["name"], "user": account}}
+                ],
+                "current-context": account,
+            }
+        )
+    )
+    return path
+
+
+class InstalledOperator:
+    """The operator container of an installed release, run as a local process (stopped by pid):
+    entrypoint from operator/Dockerfile, args and env from the live Deployment, credentials
+    from the pod's ServiceAccount."""
+
+    def __init__(self, deployment: dict[str, Any], kubeconfig: Path, log_path: Path) -> None:
+        pod = deployment["spec"]["template"]["spec"]
+        (self.container,) = pod["containers"]
+        self.service_account = pod["serviceAccountName"]
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def argv(self) -> list[str]:
+        command = self.container.get("command") or image_entrypoint()
+        return [*command, *self.container.get("args", [])]
+
+    def start(self) -> InstalledOperator:
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("KUBERNETES_", "WARMGATE_", "KUBECONFIG"))
+        }
+        for item in self.container.get("env", []):
+            assert "value" in item, f"only literal env is supported here: {item}"
+            env[item["name"]] = item["value"]
+        paths = [str(ROOT / "operator"), *filter(None, env.get("PYTHONPATH", "").split(":"))]
+        env.update(
+            KUBECONFIG=str(self.kubeconfig), PYTHONPATH=":".join(paths), PYTHONUNBUFFERED="1"
+        )
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd="/tmp"
+            )
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def messages(self, since: int = 0) -> list[str]:
+        """The `message` of every JSON log line (the chart sets `--log-format=json`), from
+        character offset `since` of the log on."""
+        found = []
+        for line in self.log()[since:].splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                found.append(str(json.loads(line).get("message", "")))
+        return found

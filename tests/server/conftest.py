@@ -1,0 +1,76 @@
+"""Fixtures for the server tests: the real all-MiniLM-L6-v2, loaded once per session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+try:
+    import warmgate_server  # noqa: F401
+except ImportError:  # not installed yet: run from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "server"))
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from warmgate_server.app import create_app
+from warmgate_server.config import ServerConfig, parse_config
+from warmgate_server.runner import LoadedModel, load_model
+from warmgate_server.testing import minilm_path, wait_for_phase
+from warmgate_server.warmup import SettleRule
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# A small plan keeps warmup short on a slow CI machine while still covering two buckets and
+# batch-size padding.
+SMALL_PLAN = ["--sequence-buckets", "16,32,64", "--warmup-batch-sizes", "1,4"]
+# Warmup in tests only needs every shape to have run; settling is tested on its own.
+QUICK_SETTLE = SettleRule(window=2, tolerance=1.0, max_runs=3, max_seconds=2.0)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    return minilm_path()
+
+
+@pytest.fixture(scope="session")
+def loaded_minilm(minilm_dir: Path) -> LoadedModel:
+    return load_model(parse_config(["--model", str(minilm_dir), "--device", "cpu"], environ={}))
+
+
+@pytest.fixture(scope="session")
+def sentence_transformer(minilm_dir: Path):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_dir), device="cpu")
+
+
+def make_config(model_dir: Path, *args: str) -> ServerConfig:
+    return parse_config(
+        ["--model", str(model_dir), "--served-model-name", "all-MiniLM-L6-v2", *SMALL_PLAN, *args],
+        environ={},
+    )
+
+
+StartServer = Callable[..., Awaitable[TestClient]]
+
+
+@pytest.fixture
+def start_server(aiohttp_client, minilm_dir: Path, loaded_minilm: LoadedModel) -> StartServer:
+    """Start an app on the shared model; by default wait until it is ready."""
+
+    async def start(*args: str, wait: bool = True) -> TestClient:
+        app: web.Application = create_app(
+            make_config(minilm_dir, *args), preloaded=loaded_minilm, settle_rule=QUICK_SETTLE
+        )
+        client = await aiohttp_client(app)
+        if wait:
+            report = await wait_for_phase(client, {"ready", "failed"})
+            assert report["phase"] == "ready", report
+        return client
+
+    return start

@@ -1,0 +1,200 @@
+"""The HTTP API against create_app with the real model: shapes, headers, errors, overload."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from warmgate_server.context import RUNTIME
+from warmgate_server.testing import wait_for_phase
+
+LONG_TEXT = "the quick brown fox jumps over the lazy dog " * 20  # about 180 tokens
+
+
+async def test_probes_and_reports_while_warming_then_ready(start_server) -> None:
+    client = await start_server("--warmup", wait=False)
+    response = await client.get("/ready")
+    early = await response.json()
+    assert response.status == 503 and early["phase"] in ("loading", "warming")
+    assert (await client.get("/healthz")).status == 200
+    refused = await client.post("/v1/embeddings", json={"input": "too early"})
+    assert refused.status == 503
+    assert "not ready" in (await refused.json())["error"]["message"]
+
+    report = await wait_for_phase(client, {"ready"})
+    assert set(report) == {
+        "phase", "ready", "model", "device", "dtype", "planned_shapes", "warmed_shapes",
+        "progress", "warmup_seconds", "error", "started_at", "pid",
+    }  # fmt: skip
+    assert report["ready"] is True and report["error"] is None
+    assert report["model"] == {
+        "id": report["model"]["id"],
+        "revision": "main",
+        "served_name": "all-MiniLM-L6-v2",
+    }
+    assert (report["device"], report["dtype"]) == ("cpu", "float32")
+    planned = [(s["batch_size"], s["seq_len"]) for s in report["planned_shapes"]]
+    assert planned == [(1, 16), (4, 16), (1, 32), (4, 32), (1, 64), (4, 64)]
+    warmed = [(s["batch_size"], s["seq_len"]) for s in report["warmed_shapes"]]
+    assert warmed == planned
+    assert all(s["steady_ms"] > 0 and s["runs"] >= 2 for s in report["warmed_shapes"])
+    assert report["progress"] == {"done": 6, "total": 6}
+
+
+async def test_openai_embeddings_response(start_server) -> None:
+    client = await start_server("--model-revision", "abc123")
+    response = await client.post(
+        "/v1/embeddings", json={"input": ["hello world", "second"], "model": "all-MiniLM-L6-v2"}
+    )
+    assert response.status == 200
+    assert response.headers["X-Warmgate-Revision"] == "abc123"
+    assert response.headers["X-Warmgate-Cold"] in ("0", "1")
+    assert response.headers["X-Warmgate-Pod"]
+    body = await response.json()
+    assert body["object"] == "list" and body["model"] == "all-MiniLM-L6-v2"
+    assert [item["index"] for item in body["data"]] == [0, 1]
+    vector = np.array(body["data"][0]["embedding"])
+    assert vector.shape == (384,) and abs(np.linalg.norm(vector) - 1) < 1e-5
+    assert body["usage"] == {"prompt_tokens": 4 + 3, "total_tokens": 7}
+
+
+async def test_base64_and_dimensions(start_server) -> None:
+    client = await start_server()
+    floats = await (await client.post("/v1/embeddings", json={"input": "hi there"})).json()
+    encoded = await (
+        await client.post("/v1/embeddings", json={"input": "hi there", "encoding_format": "base64"})
+    ).json()
+    decoded = np.frombuffer(base64.b64decode(encoded["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(decoded, floats["data"][0]["embedding"], rtol=1e-6)
+    short = await (
+        await client.post("/v1/embeddings", json={"input": "hi there", "dimensions": 64})
+    ).json()
+    short_vector = np.array(short["data"][0]["embedding"])
+    assert short_vector.shape == (64,) and abs(np.linalg.norm(short_vector) - 1) < 1e-5
+
+
+async def test_tei_embed_normalize_and_truncate(start_server) -> None:
+    client = await start_server()
+    response = await client.post("/embed", json={"inputs": "hello", "normalize": False})
+    assert response.status == 200 and response.headers["X-Warmgate-Revision"] == "main"
+    (vector,) = await response.json()
+    assert abs(np.linalg.norm(vector) - 1) > 1e-3  # raw mean pooling is not unit length
+    too_long = await client.post("/embed", json={"inputs": LONG_TEXT})
+    assert too_long.status == 422
+    assert (await too_long.json())["error_type"] == "validation"
+    right = await client.post("/embed", json={"inputs": [LONG_TEXT], "truncate": True})
+    left = await client.post(
+        "/embed",
+        json={"inputs": [LONG_TEXT + "zebra"], "truncate": True, "truncation_direction": "Left"},
+    )
+    assert right.status == 200 and left.status == 200
+    assert (await right.json())[0] != (await left.json())[0]
+
+
+async def test_info_models_profile_and_metrics(start_server) -> None:
+    client = await start_server()
+    info = await (await client.get("/info")).json()
+    assert info["hidden_size"] == 384 and info["max_input_length"] == 64
+    assert info["served_model_name"] == "all-MiniLM-L6-v2"
+    models = await (await client.get("/v1/models")).json()
+    assert [entry["id"] for entry in models["data"]] == ["all-MiniLM-L6-v2"]
+    await client.post("/embed", json={"inputs": ["a", "b", "c"]})
+    profile = await (await client.get("/warmup/profile")).json()
+    assert profile == {"shapes": [{"batch_size": 4, "seq_len": 16, "count": 1}]}
+    text = await (await client.get("/metrics")).text()
+    for name in (
+        'warmgate_http_requests_total{endpoint="/embed",status="200"} 1.0',
+        "warmgate_queue_depth 0.0",
+        "warmgate_ready 1.0",
+        'warmgate_inference_duration_seconds_count{phase="warm",shape="4x16"} 1.0',
+        "warmgate_padding_ratio_count 1.0",
+        "warmgate_batch_tokens_sum 64.0",
+        'warmgate_warmup_shape_steady_seconds{shape="4x64"}',
+        "warmgate_cold_hits_total 0.0",
+    ):
+        assert name in text, name
+
+
+BAD_OPENAI = [
+    ("{not json", 400, "invalid_json"),
+    ('["a list"]', 422, "invalid_type"),
+    ("{}", 422, "missing"),
+    ('{"input": 5}', 422, "invalid_type"),
+    ('{"input": [[101, 102]]}', 422, "invalid_type"),
+    ('{"input": []}', 400, "empty_input"),
+    ('{"input": ["ok", ""]}', 400, "empty_input"),
+    ('{"input": ["a", "b", "c", "d", "e"]}', 422, "too_many_inputs"),
+    (json.dumps({"input": LONG_TEXT}), 422, "input_too_long"),
+    ('{"input": "x", "model": "gpt-4"}', 404, "model_not_found"),
+    ('{"input": "x", "encoding_format": "int8"}', 422, "invalid_encoding_format"),
+    ('{"input": "x", "dimensions": 0}', 422, "invalid_dimensions"),
+    ('{"input": "x", "dimensions": 1000}', 422, "invalid_dimensions"),
+    ('{"input": "x", "dimensions": "64"}', 422, "invalid_type"),
+    ('{"input": "x", "user": 7}', 422, "invalid_type"),
+    (json.dumps({"input": "y" * 3000}), 413, "payload_too_large"),
+]
+
+BAD_TEI = [
+    ("{not json", 400, "validation"),
+    ('{"inputs": []}', 400, "empty"),
+    ('{"inputs": ""}', 400, "empty"),
+    ('{"inputs": 3}', 422, "validation"),
+    ('{"inputs": ["a", "b", "c", "d", "e"]}', 422, "validation"),
+    (json.dumps({"inputs": LONG_TEXT}), 422, "validation"),
+    ('{"inputs": "x", "normalize": "yes"}', 422, "validation"),
+    ('{"inputs": "x", "truncate": 1}', 422, "validation"),
+    ('{"inputs": "x", "truncation_direction": "Up"}', 422, "validation"),
+    ('{"inputs": "x", "prompt_name": "query"}', 422, "validation"),
+    (json.dumps({"inputs": "y" * 3000}), 413, "validation"),
+]
+
+
+@pytest.fixture
+async def strict_client(start_server):
+    return await start_server("--max-batch-size", "4", "--payload-limit", "2048")
+
+
+@pytest.mark.parametrize(("body", "status", "code"), BAD_OPENAI)
+async def test_bad_openai_input_gets_a_4xx_in_openai_shape(
+    strict_client, body: str, status: int, code: str
+) -> None:
+    response = await strict_client.post(
+        "/v1/embeddings", data=body, headers={"Content-Type": "application/json"}
+    )
+    assert response.status == status
+    error = (await response.json())["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == code
+    assert error["message"]
+    ok = await strict_client.post("/v1/embeddings", json={"input": "still serving"})
+    assert ok.status == 200
+
+
+@pytest.mark.parametrize(("body", "status", "error_type"), BAD_TEI)
+async def test_bad_tei_input_gets_a_4xx_in_tei_shape(
+    strict_client, body: str, status: int, error_type: str
+) -> None:
+    response = await strict_client.post(
+        "/embed", data=body, headers={"Content-Type": "application/json"}
+    )
+    assert response.status == status
+    error = await response.json()
+    assert set(error) == {"error", "error_type"} and error["error_type"] == error_type
+    assert (await strict_client.post("/embed", json={"inputs": "still serving"})).status == 200
+
+
+async def test_overload_answers_429_at_once(start_server) -> None:
+    client = await start_server("--max-concurrent-requests", "2")
+    batch = {"input": ["a sentence that takes a while to embed"] * 4}
+    responses = await asyncio.gather(
+        *(client.post("/v1/embeddings", json=batch) for _ in range(12))
+    )
+    statuses = sorted(response.status for response in responses)
+    assert set(statuses) == {200, 429}, statuses
+    rejected = next(response for response in responses if response.status == 429)
+    assert (await rejected.json())["error"]["type"] == "rate_limit_error"
+    assert client.server.app[RUNTIME].in_flight == 0
+    assert (await client.post("/v1/embeddings", json=batch)).status == 200

@@ -1,0 +1,58 @@
+"""Cold hits are measured: zero after warmup for planned shapes, visible without warmup."""
+
+from __future__ import annotations
+
+import re
+
+# "hello " * n is n + 2 tokens with [CLS] and [SEP]: these land in buckets 16, 32 and 64.
+BUCKET_TEXTS = {16: "hello " * 10, 32: "hello " * 25, 64: "hello " * 50}
+
+
+def metric(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    assert match, name
+    return float(match.group(1))
+
+
+async def test_no_cold_hit_for_any_planned_shape_after_ready(start_server) -> None:
+    client = await start_server("--warmup")
+    for seq_len, text in BUCKET_TEXTS.items():
+        for count in (1, 3):  # batch 1, and 3 padded to the planned 4
+            response = await client.post("/v1/embeddings", json={"input": [text] * count})
+            assert response.status == 200
+            assert response.headers["X-Warmgate-Cold"] == "0", (count, seq_len)
+    metrics = await (await client.get("/metrics")).text()
+    assert metric(metrics, "warmgate_cold_hits_total") == 0
+    assert metric(metrics, 'warmgate_batches_total{phase="warm"}') == 6
+    profile = await (await client.get("/warmup/profile")).json()
+    served = {(s["batch_size"], s["seq_len"]) for s in profile["shapes"]}
+    assert served == {(b, s) for b in (1, 4) for s in (16, 32, 64)}
+
+
+async def test_without_warmup_the_first_request_of_a_shape_is_cold(start_server) -> None:
+    client = await start_server("--no-warmup")
+    report = await (await client.get("/ready")).json()
+    assert report["warmed_shapes"] == [] and report["progress"] == {"done": 0, "total": 6}
+    first = await client.post("/embed", json={"inputs": BUCKET_TEXTS[32]})
+    second = await client.post("/embed", json={"inputs": BUCKET_TEXTS[32]})
+    assert (first.headers["X-Warmgate-Cold"], second.headers["X-Warmgate-Cold"]) == ("1", "0")
+    metrics = await (await client.get("/metrics")).text()
+    assert metric(metrics, "warmgate_cold_hits_total") == 1
+    cold = 'warmgate_embedding_request_duration_seconds_count{endpoint="/embed",phase="cold"}'
+    assert metric(metrics, cold) == 1
+    assert (
+        metric(metrics, 'warmgate_inference_duration_seconds_count{phase="cold",shape="1x32"}') == 1
+    )
+
+
+async def test_profile_file_shapes_are_warmed_too(start_server, tmp_path) -> None:
+    profile = tmp_path / "profile.json"
+    profile.write_text('{"shapes": [{"batch_size": 2, "seq_len": 32, "count": 9}]}')
+    client = await start_server("--warmup", "--warmup-profile", str(profile))
+    report = await (await client.get("/ready")).json()
+    assert {"batch_size": 2, "seq_len": 32} in report["planned_shapes"]
+    # two inputs now pad to the profile's batch size 2 rather than 4, and it is warm
+    response = await client.post("/embed", json={"inputs": [BUCKET_TEXTS[32]] * 2})
+    assert response.headers["X-Warmgate-Cold"] == "0"
+    served = await (await client.get("/warmup/profile")).json()
+    assert served["shapes"] == [{"batch_size": 2, "seq_len": 32, "count": 1}]

@@ -1,0 +1,125 @@
+"""The config object: flags, environment twins, and bad combinations refused with advice."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from warmgate_server.config import ConfigError, env_name, parse_config
+from warmgate_server.shapes import Shape
+from warmgate_server.testing import SERVER_ROOT
+
+
+def test_defaults_follow_the_contract() -> None:
+    config = parse_config(["--model", "some/model"], environ={})
+    assert config.sequence_buckets == (32, 64, 128, 256)
+    assert config.warmup_batch_sizes == (1, 8, 32)
+    assert config.max_batch_tokens == 16384
+    assert config.normalize and config.pad_batch and config.warmup
+    assert config.effective_served_name == "model"
+
+
+def test_environment_twins_and_flag_precedence() -> None:
+    environ = {
+        "WARMGATE_MODEL": "env/model",
+        "WARMGATE_MAX_BATCH_TOKENS": "4096",
+        "WARMGATE_NORMALIZE": "false",
+        "WARMGATE_SEQUENCE_BUCKETS": "16, 32,64",
+        "WARMGATE_PAD_BATCH": "0",
+    }
+    config = parse_config(["--max-batch-tokens", "8192"], environ=environ)
+    assert config.model == "env/model"
+    assert config.max_batch_tokens == 8192  # the flag wins over its twin
+    assert config.normalize is False and config.pad_batch is False
+    assert config.sequence_buckets == (16, 32, 64)
+    assert parse_config(["--model", "m", "--normalize"], environ=environ).normalize is True
+
+
+def test_env_names_are_upper_snake_case() -> None:
+    assert env_name("--max-batch-tokens") == "WARMGATE_MAX_BATCH_TOKENS"
+    assert env_name("--pad-batch") == "WARMGATE_PAD_BATCH"
+
+
+@pytest.mark.parametrize(
+    ("args", "advice"),
+    [
+        ([], "pass --model"),
+        (["--sequence-buckets", "64,32"], "strictly ascending"),
+        (["--warmup-batch-sizes", "1,64"], "raise --max-batch-size"),
+        (["--max-batch-tokens", "128"], "raise --max-batch-tokens"),
+        (["--max-input-length", "512"], "add a bucket >= 512"),
+        (["--warmup-batch-sizes", "8", "--max-batch-tokens", "1024"], "add a smaller warmup"),
+        (["--dtype", "float64"], "use one of auto"),
+        (["--device", "tpu"], "use one of auto, cpu"),
+        (["--pooling", "max"], "mean, cls"),
+        (["--max-batch-size", "many"], "is not valid"),
+    ],
+)
+def test_bad_combinations_say_what_to_change(args: list[str], advice: str) -> None:
+    model = [] if not args else ["--model", "m"]
+    with pytest.raises(ConfigError, match=advice):
+        parse_config([*model, *args], environ={})
+
+
+def test_bad_environment_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"WARMGATE_WARMUP=.*maybe"):
+        parse_config(["--model", "m"], environ={"WARMGATE_WARMUP": "maybe"})
+
+
+def test_profile_file_missing_empty_or_valid(tmp_path: Path) -> None:
+    assert (
+        parse_config(
+            ["--model", "m", "--warmup-profile", str(tmp_path / "none.json")], environ={}
+        ).profile_shapes
+        == ()
+    )
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    assert (
+        parse_config(["--model", "m", "--warmup-profile", str(empty)], environ={}).profile_shapes
+        == ()
+    )
+    profile = tmp_path / "profile.json"
+    profile.write_text(
+        json.dumps(
+            {
+                "shapes": [
+                    {"batch_size": 2, "seq_len": 64, "count": 3},
+                    {"batch_size": 5, "seq_len": 32, "count": 40},
+                ]
+            }
+        )
+    )
+    config = parse_config(["--model", "m", "--warmup-profile", str(profile)], environ={})
+    assert config.profile_shapes == (Shape(5, 32), Shape(2, 64))  # most frequent first
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        '{"shapes": {"batch_size": 1}}',
+        '{"shapes": [{"batch_size": 0, "seq_len": 32}]}',
+    ],
+)
+def test_invalid_profile_is_a_clear_error(tmp_path: Path, text: str) -> None:
+    profile = tmp_path / "profile.json"
+    profile.write_text(text)
+    with pytest.raises(ConfigError, match="--warmup-profile"):
+        parse_config(["--model", "m", "--warmup-profile", str(profile)], environ={})
+
+
+def test_bad_config_exits_2_with_the_message() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "warmgate_server", "--model", "m", "--sequence-buckets", "64,32"],
+        env={"PYTHONPATH": str(SERVER_ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "strictly ascending" in result.stderr

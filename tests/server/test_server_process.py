@@ -1,0 +1,159 @@
+"""Real `python -m warmgate_server` processes with the real model: the whole lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from warmgate_server.testing import SERVER_ROOT, ServerProcess
+
+pytestmark = pytest.mark.slow
+
+
+def in_flight(url: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return float(re.search(r"^warmgate_requests_in_flight (\S+)$", text, re.MULTILINE).group(1))
+
+
+def test_lifecycle_probes_cold_hits_and_sigterm_drain(minilm_dir: Path) -> None:
+    args = [
+        "--model", str(minilm_dir), "--model-revision", "r1",
+        "--sequence-buckets", "16,32,64,128", "--warmup-batch-sizes", "1,8",
+        "--max-batch-size", "8", "--drain-seconds", "60",
+    ]  # fmt: skip
+    with ServerProcess(args, env={"POD_NAME": "pod-a"}) as server:
+        server.wait_for_port(120)
+        phases: list[str] = []
+        healthz_seconds: list[float] = []
+        refused_early = None
+        deadline = time.monotonic() + 300
+        while True:
+            started = time.monotonic()
+            status, _body = server.get_json("/healthz", timeout=5.0)
+            assert status == 200
+            healthz_seconds.append(time.monotonic() - started)
+            status, report = server.get_json("/ready", timeout=5.0)
+            if not phases or phases[-1] != report["phase"]:
+                phases.append(report["phase"])
+            if report["phase"] == "ready":
+                assert status == 200
+                break
+            assert status == 503 and report["phase"] in ("loading", "warming"), report
+            if refused_early is None:
+                request = urllib.request.Request(
+                    server.url + "/v1/embeddings", data=b'{"input": "hi"}', method="POST"
+                )
+                try:
+                    urllib.request.urlopen(request, timeout=5)
+                except urllib.error.HTTPError as error:
+                    refused_early = error.code
+            assert time.monotonic() < deadline, phases
+            time.sleep(0.05)
+        assert phases == ["loading", "warming", "ready"]
+        # Liveness answers within the kubelet's 1 s probe timeout while the model loads and
+        # warms (the 95th percentile: a shared CI machine can stall any process once).
+        healthz_seconds.sort()
+        assert healthz_seconds[int(0.95 * (len(healthz_seconds) - 1))] < 1.0, healthz_seconds
+        assert refused_early == 503  # no request ever lands on a cold model
+        planned = report["planned_shapes"]
+        assert len(planned) == 8 and len(report["warmed_shapes"]) == 8
+        assert report["warmup_seconds"] > 0 and report["model"]["revision"] == "r1"
+
+        async def traffic() -> tuple[list[tuple[int, str]], tuple[int, str], list[int]]:
+            async with aiohttp.ClientSession(server.url) as session:
+                cold_flags = []
+                for tokens in (10, 25, 50, 100):
+                    for count in (1, 8):
+                        payload = {"input": ["hello " * tokens] * count}
+                        async with session.post("/v1/embeddings", json=payload) as response:
+                            assert response.headers["X-Warmgate-Pod"] == "pod-a"
+                            assert response.headers["X-Warmgate-Revision"] == "r1"
+                            cold_flags.append(
+                                (response.status, response.headers["X-Warmgate-Cold"])
+                            )
+
+                async def long_request() -> int:
+                    payload = {"input": ["hello " * 100] * 8}
+                    async with session.post("/v1/embeddings", json=payload) as response:
+                        await response.read()
+                        return response.status
+
+                pending = [asyncio.create_task(long_request()) for _ in range(8)]
+                deadline = time.monotonic() + 60
+                while await asyncio.to_thread(in_flight, server.url) < 4:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.01)
+                server.terminate()
+                async with session.get("/ready") as response:
+                    draining = (response.status, (await response.json())["phase"])
+                statuses = await asyncio.gather(*pending)
+                return cold_flags, draining, statuses
+
+        cold_flags, draining, statuses = asyncio.run(traffic())
+        assert cold_flags == [(200, "0")] * 8  # every planned shape is warm after /ready
+        assert draining == (503, "draining")
+        assert statuses == [200] * 8  # in-flight and queued requests finish
+        assert server.wait(timeout=60) == 0
+        assert "drained cleanly" in server.log()
+
+
+def test_unknown_model_fails_fast_with_a_clear_error(tmp_path: Path) -> None:
+    started = time.monotonic()
+    termination_log = tmp_path / "termination-log"
+    termination_log.write_text("")
+    env = {"HF_HOME": str(tmp_path), "WARMGATE_TERMINATION_LOG": str(termination_log)}
+    with ServerProcess(["--model", "no-such-org/no-such-model"], env=env) as server:
+        code = server.wait(timeout=120)
+    assert code != 0 and time.monotonic() - started < 120
+    assert "not in the Hugging Face cache" in server.log()
+    assert "no-such-org/no-such-model" in termination_log.read_text()  # kubectl describe shows it
+
+
+def test_sigterm_while_loading_exits_zero(minilm_dir: Path) -> None:
+    with ServerProcess(["--model", str(minilm_dir)]) as server:
+        server.wait_for_port(120)
+        status, report = server.get_json("/ready")
+        assert status == 503 and report["phase"] == "loading"
+        server.terminate()
+        assert server.wait(timeout=30) == 0
+
+
+def test_model_id_resolves_from_the_offline_hugging_face_cache(
+    minilm_dir: Path, tmp_path: Path
+) -> None:
+    """`--model org/name` finds the snapshot that refs/main names under $HF_HOME/hub."""
+    repo = tmp_path / "hub" / "models--sentence-transformers--all-MiniLM-L6-v2"
+    snapshot = repo / "snapshots" / "0123456789abcdef"
+    snapshot.mkdir(parents=True)
+    for item in minilm_dir.iterdir():
+        (snapshot / item.name).symlink_to(item)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123456789abcdef")
+    script = (
+        "from warmgate_server.runner import resolve_model_path; "
+        "print(resolve_model_path('sentence-transformers/all-MiniLM-L6-v2'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env={
+            **os.environ,
+            "HF_HOME": str(tmp_path),
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": str(SERVER_ROOT),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == snapshot

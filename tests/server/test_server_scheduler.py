@@ -1,0 +1,117 @@
+"""The dynamic batcher on its own: bucket grouping, batch padding, order, dropped clients.
+
+The execute step here is a plain function of the token ids (vector = [first id, length, rows]),
+so each result can be checked against the batch it ran in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+
+from warmgate_server.metrics import Metrics
+from warmgate_server.runner import BatchResult
+from warmgate_server.scheduler import Scheduler
+from warmgate_server.shapes import Shape, ShapePolicy, plan_warmup
+
+
+def make_scheduler(pad_batch: bool = True, max_wait_s: float = 0.005):
+    plan = plan_warmup([1, 4], [16, 32], 1024, 8).shapes
+    ran: list[tuple[Shape, int]] = []
+
+    async def execute(batch: list[Sequence[int]], shape: Shape) -> BatchResult:
+        ran.append((shape, len(batch)))
+        await asyncio.sleep(0.001)
+        vectors = np.array([[ids[0], len(ids), shape.batch_size] for ids in batch], np.float32)
+        return BatchResult(vectors, 0.001, first_time=False)
+
+    policy = ShapePolicy.build([16, 32], 8, 1024, pad_batch, plan)
+    scheduler = Scheduler(policy, execute, Metrics(), max_wait_s, max_queued_inputs=64)
+    return scheduler, ran
+
+
+def ids(first: int, length: int) -> list[int]:
+    return [first] * length
+
+
+async def test_requests_get_their_own_vectors_in_order_split_by_bucket() -> None:
+    scheduler, ran = make_scheduler()
+    loop_task = asyncio.create_task(scheduler.run())
+    try:
+        inputs = [ids(1, 20), ids(2, 5), ids(3, 30), ids(4, 3), ids(5, 10)]
+        result = await scheduler.submit(inputs)
+        assert result.vectors[:, 0].tolist() == [1, 2, 3, 4, 5]
+        assert result.vectors[:, 1].tolist() == [20, 5, 30, 3, 10]
+        # The oldest input needs bucket 32; the next three (two of them short) ride in the same
+        # padded 4x32 batch rather than in a 4x16 batch of their own; the last runs as 1x16.
+        assert ran == [(Shape(4, 32), 4), (Shape(1, 16), 1)]
+        assert scheduler.idle and scheduler.depth == 0
+        assert scheduler.profile() == {
+            "shapes": [
+                {"batch_size": 1, "seq_len": 16, "count": 1},
+                {"batch_size": 4, "seq_len": 32, "count": 1},
+            ]
+        }
+    finally:
+        loop_task.cancel()
+
+
+async def test_concurrent_requests_share_batches_up_to_the_largest_planned_size() -> None:
+    scheduler, ran = make_scheduler()
+    loop_task = asyncio.create_task(scheduler.run())
+    try:
+        results = await asyncio.gather(*(scheduler.submit([ids(n, 8)]) for n in range(6)))
+        assert [r.vectors[0, 0] for r in results] == list(range(6))
+        assert all(shape in {Shape(1, 16), Shape(4, 16)} for shape, _count in ran)
+        assert max(count for _shape, count in ran) <= 4
+        assert sum(count for _shape, count in ran) == 6
+    finally:
+        loop_task.cancel()
+
+
+async def test_a_short_oldest_input_does_not_wait_for_a_long_batch() -> None:
+    scheduler, ran = make_scheduler()
+    loop_task = asyncio.create_task(scheduler.run())
+    try:
+        await scheduler.submit([ids(1, 5), ids(2, 20), ids(3, 20), ids(4, 20), ids(5, 20)])
+        # 1x16 costs 16 tokens per input, 4x32 would cost 32: the short one runs alone first
+        assert ran == [(Shape(1, 16), 1), (Shape(4, 32), 4)]
+    finally:
+        loop_task.cancel()
+
+
+async def test_without_padding_batches_run_at_their_real_size() -> None:
+    scheduler, ran = make_scheduler(pad_batch=False)
+    loop_task = asyncio.create_task(scheduler.run())
+    try:
+        await scheduler.submit([ids(1, 4), ids(2, 4), ids(3, 4)])
+        assert ran == [(Shape(3, 16), 3)]
+    finally:
+        loop_task.cancel()
+
+
+async def test_inputs_of_a_client_that_left_are_never_run() -> None:
+    scheduler, ran = make_scheduler(max_wait_s=0.05)
+    gone = asyncio.create_task(scheduler.submit([ids(7, 4)]))
+    await asyncio.sleep(0)  # queued, batcher not started
+    gone.cancel()
+    loop_task = asyncio.create_task(scheduler.run())
+    try:
+        kept = await scheduler.submit([ids(8, 4)])
+        assert kept.vectors[0, 0] == 8
+        assert ran == [(Shape(1, 16), 1)]
+    finally:
+        loop_task.cancel()
+
+
+async def test_a_lone_request_does_not_wait_for_company() -> None:
+    scheduler, ran = make_scheduler(max_wait_s=5.0)
+    scheduler.more_coming = lambda: False  # nothing else is being tokenized
+    loop_task = asyncio.create_task(scheduler.run())
+    try:
+        result = await asyncio.wait_for(scheduler.submit([ids(3, 4)]), timeout=2.0)
+        assert result.vectors[0, 0] == 3 and ran == [(Shape(1, 16), 1)]
+    finally:
+        loop_task.cancel()

@@ -1,0 +1,89 @@
+"""Warmup plan and padding maths: every shape the server can produce is a planned shape."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from warmgate_server.shapes import Shape, ShapePolicy, bucket_for, plan_warmup
+from warmgate_server.warmup import SettleRule, settled, should_stop, steady_seconds
+
+ascending = st.lists(st.integers(1, 512), min_size=1, max_size=6, unique=True).map(sorted)
+
+
+def test_plan_is_the_grid_within_the_token_budget() -> None:
+    plan = plan_warmup([1, 8, 32], [32, 64, 128, 256], 4096, 32)
+    assert Shape(32, 128) in plan.shapes and Shape(16, 256) not in plan.shapes
+    assert Shape(32, 256) not in plan.shapes  # 8192 tokens > 4096
+    assert plan.shapes[0] == Shape(1, 32)  # short and small first
+    assert len(plan.shapes) == 11
+
+
+def test_profile_shapes_join_the_plan_or_are_reported_ignored() -> None:
+    plan = plan_warmup(
+        [1, 8], [32, 64], 1024, 16, [Shape(5, 64), Shape(8, 32), Shape(3, 48), Shape(32, 64)]
+    )
+    assert Shape(5, 64) in plan.shapes and plan.shapes.count(Shape(8, 32)) == 1
+    assert plan.ignored_profile_shapes == (Shape(3, 48), Shape(32, 64))
+
+
+@given(
+    sizes=ascending,
+    buckets=ascending.map(lambda values: [value + 1 for value in values]),
+    max_batch_tokens=st.integers(2, 20000),
+    max_batch_size=st.integers(1, 512),
+)
+def test_plan_never_exceeds_the_limits(
+    sizes: list[int], buckets: list[int], max_batch_tokens: int, max_batch_size: int
+) -> None:
+    plan = plan_warmup(sizes, buckets, max_batch_tokens, max_batch_size)
+    for shape in plan.shapes:
+        assert shape.tokens <= max_batch_tokens and shape.batch_size <= max_batch_size
+    expected = {
+        (b, s) for b in sizes for s in buckets if b <= max_batch_size and b * s <= max_batch_tokens
+    }
+    assert set(plan.shapes) == expected
+
+
+@given(length=st.integers(1, 600), buckets=ascending)
+def test_bucket_is_the_smallest_that_fits(length: int, buckets: list[int]) -> None:
+    bucket = bucket_for(length, buckets)
+    if bucket is None:
+        assert length > buckets[-1]
+    else:
+        assert bucket >= length and all(b < length for b in buckets if b < bucket)
+
+
+@given(
+    sizes=ascending.map(lambda values: [1, *[v for v in values if v > 1]]),
+    buckets=ascending.map(lambda values: [value + 1 for value in values]),
+    data=st.data(),
+)
+def test_padded_batches_are_always_planned_shapes(sizes, buckets, data) -> None:
+    max_batch_tokens = data.draw(st.integers(buckets[-1], 40000))
+    max_batch_size = max(sizes)
+    plan = plan_warmup(sizes, buckets, max_batch_tokens, max_batch_size)
+    policy = ShapePolicy.build(buckets, max_batch_size, max_batch_tokens, True, plan.shapes)
+    for seq_len in buckets:
+        capacity = policy.capacity(seq_len)
+        count = data.draw(st.integers(1, capacity))
+        shape = policy.shape_for(count, seq_len)
+        assert shape in plan.shapes and shape.batch_size >= count
+        smaller = [b for b in policy.batch_sizes_for(seq_len) if count <= b < shape.batch_size]
+        assert not smaller  # the smallest planned size that holds the batch
+
+
+def test_without_batch_padding_batches_run_at_their_size() -> None:
+    policy = ShapePolicy.build([32, 64], 16, 512, False, [Shape(1, 32), Shape(8, 32)])
+    assert policy.shape_for(5, 32) == Shape(5, 32)
+    assert policy.capacity(64) == 8  # 8 x 64 = 512 tokens
+
+
+def test_settling_ignores_the_cold_first_run() -> None:
+    rule = SettleRule(window=3, tolerance=0.1, max_runs=10, max_seconds=100)
+    assert not settled([0.9, 0.1, 0.1], rule)
+    assert settled([0.9, 0.1, 0.105, 0.1], rule)
+    assert not settled([0.9, 0.1, 0.2, 0.1], rule)
+    assert steady_seconds([0.9, 0.1, 0.105, 0.1], rule) == 0.1
+    assert should_stop([0.5] * 10, rule)
+    assert should_stop([60.0, 1.0, 50.0, 1.0], rule)  # over the time cap once a window exists
