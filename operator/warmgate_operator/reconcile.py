@@ -68,7 +68,13 @@ async def _apply_children(
     ctx: Reconciler, body: Mapping[str, Any], spec: Any, owner: Owner
 ) -> tuple[dict[str, Any] | None, list[apply.ApplyOutcome]]:
     observed = (body.get("status") or {}).get("observedShapes") or []
-    desired = build_children(spec, owner, ctx.config.default_image, observed)
+    desired = build_children(
+        spec,
+        owner,
+        ctx.config.default_image,
+        observed,
+        image_pull_secrets=ctx.config.server_image_pull_secrets,
+    )
     cache = ctx.cache
     outcomes = []
     # The ConfigMap first (new pods mount it); the Deployment is always read, for the status.

@@ -189,3 +189,59 @@ def test_crds_upgrade_with_the_documented_command(devcluster: Any, release: Rele
     assert "helm show crds" in notes and "--server-side --force-conflicts" in notes
     readme = (Path(CHART) / "README.md").read_text()
     assert "helm show crds" in readme and "--server-side --force-conflicts" in readme
+
+
+def test_watching_one_namespace_runs_on_a_role_there_and_nothing_more(
+    devcluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    """`watchNamespaces`: a Role in the namespace plus the discovery-only ClusterRole. The
+    operator, run from that Deployment's args as its ServiceAccount, reconciles an
+    EmbeddingService there (pods stay in ErrImagePull: no server process is needed)."""
+    name = f"wgn-{namespace}"
+    helm(
+        devcluster, "install", name, str(CHART), "--namespace", namespace,
+        "--set", f"watchNamespaces={{{namespace}}}", "--set", f"healthPort={free_port()}",
+    )  # fmt: skip
+    operator = None
+    try:
+        (deployment,) = get_json(
+            devcluster, "deployment", "-n", namespace, "-l", f"app.kubernetes.io/instance={name}"
+        )["items"]
+        account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        user = f"system:serviceaccount:{namespace}:{account}"
+
+        def can(verb: str, resource: str, where: str, *extra: str) -> str:
+            return devcluster.kubectl(
+                "auth", "can-i", verb, resource, *extra, "-n", where, f"--as={user}", check=False
+            ).stdout.strip()
+
+        assert can("patch", "pods", namespace, "--subresource=status") == "yes"
+        assert can("patch", "pods", "default", "--subresource=status") == "no"
+        assert can("create", "deployments", "default") == "no"
+        kubeconfig = service_account_kubeconfig(
+            devcluster, namespace, account, tmp_path / "operator.kubeconfig"
+        )
+        operator = InstalledOperator(deployment, kubeconfig, tmp_path / "operator.log").start()
+        assert f"--namespace={namespace}" in operator.argv
+        body = tiny_minilm("minilm")
+        body["spec"]["image"] = "registry.invalid/warmgate/not-mapped:1"
+        devcluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
+
+        def degraded_status() -> dict[str, Any] | None:
+            assert operator.alive(), operator.log()[-3000:]
+            emb = get_json(devcluster, "emb", "minilm", "-n", namespace)
+            status = emb.get("status") or {}
+            current = status.get("observedGeneration") == emb["metadata"]["generation"]
+            return emb if current and condition(emb, "Degraded").get("status") == "True" else None
+
+        emb = wait_until(degraded_status, 90, "status written by the namespaced operator")
+        assert condition(emb, "Degraded")["reason"] == "PodsFailing"
+        for kind, child in (("deployment", "minilm"), ("service", "minilm"),
+                            ("configmap", "minilm-warmup-profile")):  # fmt: skip
+            assert get_json(devcluster, kind, child, "-n", namespace) is not None, kind
+        denials = [line for line in operator.messages() if "forbidden: User" in line]
+        assert not denials, denials[:3]
+    finally:
+        if operator is not None:
+            operator.stop()
+        helm(devcluster, "uninstall", name, "--namespace", namespace, check=False)

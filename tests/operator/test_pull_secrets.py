@@ -65,11 +65,6 @@ def test_adding_a_pull_secret_changes_the_template_hash() -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reconcile.py does not yet pass config.server_image_pull_secrets to build_children "
-    "(image_pull_secrets=...); remove this marker with that one-line change",
-)
 async def test_the_reconciled_deployment_carries_the_configured_pull_secrets() -> None:
     import copy
 
