@@ -211,6 +211,7 @@ def test_examples_are_accepted_and_defaulted(devcluster: Any, crd: None, namespa
         "maxSurge": 1,
         "maxUnavailable": 0,
         "warmGate": True,
+        "verifyLatency": False,
         "drainSeconds": 15,
     }
     assert spec["probes"] == {"startupTimeoutSeconds": 600, "periodSeconds": 5}
