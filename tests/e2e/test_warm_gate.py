@@ -178,10 +178,12 @@ def test_a_restarted_server_is_verified_again(kube, operator, devcluster):
     import json
     import urllib.request
 
-    kube.apply(embedding_service("restart", "v1", replicas=1))
+    # verifyLatency: the gate also times one request against the pod's reported steady latency.
+    kube.apply(embedding_service("restart", "v1", replicas=1, rollout={"verifyLatency": True}))
     wait_ready(kube, "restart", "v1", replicas=1)
     (pod,) = kube.pods("restart")
     before = pod_condition(pod, "warmgate.dev/warmed")
+    assert "verification" in before["message"] and "vs steady" in before["message"], before
     ip = pod["status"]["podIP"]
     with urllib.request.urlopen(f"http://{ip}:8080/ready", timeout=5) as response:
         pid = json.load(response)["pid"]
