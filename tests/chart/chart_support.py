@@ -11,12 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from warmgate_devcluster.waiting import wait_until  # noqa: F401 - re-exported
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "warmgate"
@@ -24,18 +24,6 @@ EXAMPLE = ROOT / "examples" / "minilm.yaml"
 OPERATOR_DOCKERFILE = ROOT / "operator" / "Dockerfile"
 
 T = TypeVar("T")
-
-
-def wait_until(probe: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
-    """Poll `probe` until it returns something truthy; fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 def free_port() -> int:

@@ -8,27 +8,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from warmgate_devcluster.waiting import wait_until as wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "warmgate.dev_embeddingservices.yaml"
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
-    """Poll `predicate` until it returns something truthy; fail with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 class Kube:

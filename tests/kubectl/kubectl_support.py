@@ -8,12 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from warmgate_devcluster.waiting import wait_until  # noqa: F401 - re-exported
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -22,17 +22,6 @@ CRD = ROOT / "crds" / "warmgate.dev_embeddingservices.yaml"
 UNMAPPED_IMAGE = "registry.invalid/warmgate/not-mapped:1"
 
 T = TypeVar("T")
-
-
-def wait_until(probe: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 def get_json(cluster: Any, *args: str) -> dict[str, Any] | None:

@@ -9,12 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from warmgate_devcluster.waiting import wait_until as _wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "warmgate.dev_embeddingservices.yaml"
@@ -31,14 +32,7 @@ def wait_until(
     probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.25, what: str = ""
 ) -> T:
     """Poll `probe` until it returns something truthy; fail with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or probe}: last {last!r}")
+    return _wait_until(probe, timeout, what, every=interval)
 
 
 def get_json(cluster: Any, *args: str) -> dict[str, Any] | None:
