@@ -255,8 +255,12 @@ def render(result: dict[str, Any]) -> str:
         f"Run {result['date']} with `make bench-server` (bench/server/bench_server.py).",
         f"Machine: {info.get('Model name')}, {info.get('CPU(s)')} CPUs "
         f"({info['usable_cpus']} usable), torch {info['torch']}; load average at start "
-        f"{', '.join(f'{v:.1f}' for v in info['load_average'])} (other builds and tests were "
-        "running: the numbers are noisy and lower than on an idle machine).",
+        f"{', '.join(f'{v:.1f}' for v in info['load_average'])}"
+        + (
+            " (other work shared the CPUs: the numbers are noisy and lower than idle)."
+            if info["load_average"][0] >= 1.0
+            else " (the machine was otherwise idle)."
+        ),
         f"Measured fp32 matmul (1024x1024): {peak['server_threads']:.1f} GFLOP/s with the "
         f"server's {info['server_torch_threads']} torch thread(s) at the start and "
         f"{result['matmul_gflops_after']:.1f} at the end, {peak['all_threads']:.1f} GFLOP/s "
