@@ -120,6 +120,16 @@ def run_reload(kube: Kube, name: str, rate: float, gate: bool) -> dict:
         "total_cold": len(report.cold),
         "errors": sorted({s.error or str(s.status) for s in report.failed})[:5],
         "new_pod_warmup_seconds": pod_warmups(kube, name),
+        # The slowest requests, with their time from the spec change: where the tail comes from.
+        "slowest": [
+            {
+                "at_s": round(sample.started - changed, 2),
+                "ms": round(sample.latency_ms, 1),
+                "pod": sample.pod,
+                "revision": sample.revision,
+            }
+            for sample in sorted(report.samples, key=lambda s: -s.latency_ms)[:15]
+        ],
     }
 
 
