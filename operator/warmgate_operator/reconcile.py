@@ -28,7 +28,7 @@ from .kube import (
     KubeClient,
 )
 from .spec import SpecError, parse_spec
-from .status import Problem, compute_status
+from .status import Problem, compute_status, newly_degraded
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +149,9 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
         deployment = await ctx.client.get(DEPLOYMENT, owner.namespace, owner.name)
     pods = await ctx.client.list(POD, owner.namespace, selector_string(owner.name))
     status = compute_status(spec, body, deployment, pods, ctx.clock(), problem)
+    degraded = newly_degraded(body.get("status") or {}, status)
+    if degraded is not None and problem is None:  # a problem above already has its Event
+        await ctx.recorder.record(body, "Warning", degraded["reason"], degraded["message"])
     new_body = None
     if status != body.get("status"):
         new_body = await write_status(ctx.client, owner, status)

@@ -313,3 +313,17 @@ def compute_status(
         previous.get("conditions") or [], conditions, generation, now
     )
     return status
+
+
+def newly_degraded(
+    previous: Mapping[str, Any], status: Mapping[str, Any]
+) -> Mapping[str, Any] | None:
+    """The Degraded condition when it has just turned True or changed its reason, else None:
+    the moment a person should get an Event, once, not on every reconcile."""
+    now = next((c for c in status.get("conditions") or [] if c["type"] == "Degraded"), None)
+    if now is None or now.get("status") != "True":
+        return None
+    before = _condition({"status": previous}, "Degraded")
+    if before is not None and before.get("status") == "True":
+        return None if before.get("reason") == now.get("reason") else now
+    return now

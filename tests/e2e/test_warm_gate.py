@@ -84,7 +84,6 @@ def test_control_without_gate_and_warmup_users_pay_the_cold_start(kube, operator
 
     cold_v2 = [s for s in report.cold if s.revision == "v2"]
     assert cold_v2, "without the gate and warmup, the first requests on new pods should be cold"
-    assert len({s.pod for s in cold_v2}) >= 1
 
 
 def test_a_model_that_cannot_warm_never_gets_traffic_and_a_revert_resumes(kube, operator):
@@ -109,8 +108,18 @@ def test_a_model_that_cannot_warm_never_gets_traffic_and_a_revert_resumes(kube, 
         progressing = condition(emb, "Progressing")
         assert condition(emb, "Degraded")["message"], emb["status"]
         assert progressing.get("status") != "True" or progressing.get("reason") != "RolloutComplete"
-        warnings = [e for e in kube.events() if e.get("type") == "Warning"]
-        assert warnings, "a person should see a Warning event saying why"
+        # `kubectl describe emb` shows why: a Warning on the EmbeddingService itself, from the
+        # operator, with the Degraded condition's reason.
+        reason = condition(emb, "Degraded")["reason"]
+        warnings = [
+            e
+            for e in kube.events()
+            if e.get("type") == "Warning"
+            and e["involvedObject"].get("kind") == "EmbeddingService"
+            and e.get("reason") == reason
+        ]
+        assert warnings, f"no Warning event {reason} on the EmbeddingService"
+        assert "broken-" in warnings[0]["message"], warnings[0]["message"]  # names the pod
         wait_for_traffic(load, 40)
         # Revert: the rollout goes back to the old template and settles.
         kube.patch(

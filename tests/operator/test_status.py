@@ -267,3 +267,17 @@ def test_recomputing_from_its_own_output_is_stable(
         "Degraded",
     }
     assert first["readySummary"] == f"{ready}/{desired}"
+
+
+def test_an_event_is_due_only_when_degraded_turns_true_or_changes_reason():
+    from warmgate_operator.status import newly_degraded
+
+    def status(state, reason):
+        return {"conditions": [{"type": "Degraded", "status": state, "reason": reason}]}
+
+    assert newly_degraded({}, status("True", "PodsFailing"))["reason"] == "PodsFailing"
+    assert newly_degraded(status("False", "AsExpected"), status("True", "PodsFailing"))
+    assert newly_degraded(status("True", "PodsFailing"), status("True", "PodsFailing")) is None
+    changed = newly_degraded(status("True", "PodsFailing"), status("True", "WarmupFailed"))
+    assert changed["reason"] == "WarmupFailed"
+    assert newly_degraded(status("True", "PodsFailing"), status("False", "AsExpected")) is None
