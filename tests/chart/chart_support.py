@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from warmgate_devcluster.waiting import wait_until  # noqa: F401 - re-exported
+from warmgate_devcluster.testkit import condition, get_json, wait_until  # noqa: F401 - re-exported
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "warmgate"
@@ -44,22 +44,6 @@ def helm(cluster: Any, *args: str, check: bool = True) -> subprocess.CompletedPr
     if check and result.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
     return result
-
-
-def get_json(cluster: Any, *args: str) -> dict[str, Any] | None:
-    result = cluster.kubectl("get", *args, "-o", "json", check=False)
-    if result.returncode != 0:
-        if "NotFound" in result.stderr:
-            return None
-        raise AssertionError(f"kubectl get {' '.join(args)}: {result.stderr}")
-    return json.loads(result.stdout)
-
-
-def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
-    for item in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if item.get("type") == kind:
-            return item
-    return {}
 
 
 def tiny_minilm(name: str = "minilm") -> dict[str, Any]:

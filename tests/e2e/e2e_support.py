@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from warmgate_devcluster.waiting import wait_until as wait_for
+from warmgate_devcluster.testkit import condition
+from warmgate_devcluster.testkit import wait_until as wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "warmgate.dev_embeddingservices.yaml"
@@ -76,13 +77,6 @@ def embedding_service(name: str, revision: str = "v1", **spec_overrides: Any) ->
         "metadata": {"name": name},
         "spec": spec,
     }
-
-
-def condition(obj: dict | None, kind: str) -> dict:
-    for item in (obj or {}).get("status", {}).get("conditions", []) or []:
-        if item.get("type") == kind:
-            return item
-    return {}
 
 
 class OperatorProcess:

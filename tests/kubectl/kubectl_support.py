@@ -3,7 +3,6 @@ credentials, one namespace), JSON reads and polling."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from warmgate_devcluster.waiting import wait_until  # noqa: F401 - re-exported
+from warmgate_devcluster.testkit import get_json, wait_until  # noqa: F401 - re-exported
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -22,15 +21,6 @@ CRD = ROOT / "crds" / "warmgate.dev_embeddingservices.yaml"
 UNMAPPED_IMAGE = "registry.invalid/warmgate/not-mapped:1"
 
 T = TypeVar("T")
-
-
-def get_json(cluster: Any, *args: str) -> dict[str, Any] | None:
-    result = cluster.kubectl("get", *args, "-o", "json", check=False)
-    if result.returncode != 0:
-        if "NotFound" in result.stderr:
-            return None
-        raise AssertionError(f"kubectl get {' '.join(args)}: {result.stderr}")
-    return json.loads(result.stdout)
 
 
 def tiny_minilm(name: str, image: str | None = None) -> dict[str, Any]:

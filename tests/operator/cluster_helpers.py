@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from warmgate_devcluster.waiting import wait_until as _wait_until
+from warmgate_devcluster.testkit import wait_until as _wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "warmgate.dev_embeddingservices.yaml"
