@@ -18,7 +18,7 @@ from .engine import Engine, finish_vectors
 from .lifecycle import DRAINING, LOADING, READY, WARMING, Lifecycle
 from .metrics import Metrics
 from .routes import add_routes, count_requests
-from .runner import LoadedModel, ModelLoadError, load_model
+from .runner import LoadedModel, ModelLoadError, load_model, plan_threads
 from .schemas import dumps, openai_response
 from .shapes import plan_warmup
 from .warmup import SettleRule
@@ -72,13 +72,15 @@ def create_app(
 
 
 async def _threads(app: web.Application) -> AsyncIterator[None]:
-    """One model thread (torch runs one batch at a time) and one tokenizer thread."""
+    """The first model thread (it loads the model; the other workers' threads start once the
+    thread plan is known) and one tokenizer thread."""
     runtime = app[RUNTIME]
-    runtime.model_thread = ThreadPoolExecutor(1, thread_name_prefix="warmgate-model")
+    runtime.model_threads = [ThreadPoolExecutor(1, thread_name_prefix="warmgate-model-0")]
     runtime.tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="warmgate-tokenizer")
     yield
     # A forward pass in progress cannot be interrupted; do not wait for it here.
-    runtime.model_thread.shutdown(wait=False, cancel_futures=True)
+    for executor in runtime.model_threads:
+        executor.shutdown(wait=False, cancel_futures=True)
     runtime.tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
 
@@ -96,18 +98,24 @@ def _bring_up(preloaded: LoadedModel | None, settle_rule: SettleRule):
 
 async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRule) -> None:
     config, lifecycle = runtime.config, runtime.lifecycle
-    assert runtime.model_thread is not None and runtime.tokenizer_thread is not None
+    assert runtime.model_threads and runtime.tokenizer_thread is not None
     try:
         loaded = preloaded
         if loaded is None:
             loop = asyncio.get_running_loop()
-            loaded = await loop.run_in_executor(runtime.model_thread, load_model, config)
+            loaded = await loop.run_in_executor(runtime.model_threads[0], load_model, config)
+        threads = plan_threads(config, loaded.device.type)
+        lifecycle.workers, lifecycle.torch_threads = threads.workers, threads.threads
+        for worker in range(len(runtime.model_threads), threads.workers):
+            runtime.model_threads.append(
+                ThreadPoolExecutor(1, thread_name_prefix=f"warmgate-model-{worker}")
+            )
         engine = Engine(
             config,
             loaded,
             runtime.plan,
             runtime.metrics,
-            runtime.model_thread,
+            runtime.model_threads,
             runtime.tokenizer_thread,
         )
         lifecycle.device, lifecycle.dtype = loaded.device_name, loaded.dtype_name

@@ -20,6 +20,7 @@ ENV_PREFIX = "WARMGATE_"
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 POOLINGS = ("mean", "cls")
+PACKINGS = ("auto", "on", "off")
 
 
 class ConfigError(ValueError):
@@ -66,8 +67,16 @@ class ServerConfig:
     warmup: bool = True
     drain_seconds: float = 15.0
     """After SIGTERM: how long to finish in-flight and queued requests before exiting."""
+    packing: str = "auto"
+    """Padding-free forward pass: linear layers run on the real tokens only, attention on the
+    padded shape. auto: on for BERT-family models on a CPU; on: wherever the model allows;
+    off: the model's own padded forward pass."""
+    model_workers: int | None = None
+    """Forward passes that may run at once, each on its own model thread (None: 2 on a CPU with
+    at least 2 usable CPUs, else 1). All of them share one copy of the weights."""
     torch_threads: int | None = None
-    """CPU threads for torch (None: the CPUs this process may use, less one)."""
+    """CPU threads for torch per model worker (None: the usable CPUs divided among the workers;
+    usable means this process's CPU affinity capped by its cgroup CPU limit)."""
 
     @property
     def largest_bucket(self) -> int:
@@ -121,7 +130,9 @@ _OPTIONS: tuple[tuple[str, str, object, str], ...] = (
     ("--pad-batch", "pad_batch", bool, "pad batches to the smallest planned batch size"),
     ("--warmup", "warmup", bool, "warm every planned shape before /ready"),
     ("--drain-seconds", "drain_seconds", float, "drain time after SIGTERM"),
-    ("--torch-threads", "torch_threads", int, "CPU threads for torch"),
+    ("--packing", "packing", str, "auto, on or off: padding-free linear layers"),
+    ("--model-workers", "model_workers", int, "forward passes at once, one thread each"),
+    ("--torch-threads", "torch_threads", int, "CPU threads for torch per model worker"),
 )
 
 
@@ -195,6 +206,8 @@ def validate(config: ServerConfig) -> None:
         problems.append(f"--dtype {config.dtype!r}: use one of {', '.join(DTYPES)}")
     if config.pooling not in POOLINGS:
         problems.append(f"--pooling {config.pooling!r}: use one of {', '.join(POOLINGS)}")
+    if config.packing not in PACKINGS:
+        problems.append(f"--packing {config.packing!r}: use one of {', '.join(PACKINGS)}")
     if not 0 <= config.port <= 65535:
         problems.append(f"--port {config.port}: use 0..65535")
     buckets = config.sequence_buckets
@@ -253,6 +266,8 @@ def validate(config: ServerConfig) -> None:
         problems.append("--drain-seconds must be >= 0")
     if config.torch_threads is not None and config.torch_threads < 1:
         problems.append("--torch-threads must be at least 1")
+    if config.model_workers is not None and config.model_workers < 1:
+        problems.append("--model-workers must be at least 1")
     if problems:
         raise ConfigError("; ".join(problems))
 

@@ -24,7 +24,7 @@ class Runtime:
     plan: tuple[Shape, ...]
     pod_name: str
     engine: Engine | None = None
-    model_thread: ThreadPoolExecutor | None = None
+    model_threads: list[ThreadPoolExecutor] = field(default_factory=list)
     tokenizer_thread: ThreadPoolExecutor | None = None
     in_flight: int = 0
     tasks: list[asyncio.Task[None]] = field(default_factory=list)

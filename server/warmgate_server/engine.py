@@ -49,7 +49,7 @@ class Engine:
         loaded: LoadedModel,
         plan: Sequence[Shape],
         metrics: Metrics,
-        model_thread: ThreadPoolExecutor,
+        model_threads: Sequence[ThreadPoolExecutor],
         tokenizer_thread: ThreadPoolExecutor,
     ) -> None:
         max_input_length = min(
@@ -64,9 +64,11 @@ class Engine:
         self.config = config
         self.loaded = loaded
         self.plan = tuple(plan)
-        self.runner = ModelRunner(loaded, config.pooling, max_input_length)
+        self.runner = ModelRunner(
+            loaded, config.pooling, max_input_length, packed=config.packing != "off"
+        )
         self.metrics = metrics
-        self._model_thread = model_thread
+        self._model_threads = tuple(model_threads)
         self._tokenizer_thread = tokenizer_thread
         policy = ShapePolicy.build(
             config.sequence_buckets,
@@ -81,6 +83,7 @@ class Engine:
             metrics=metrics,
             max_wait_s=config.max_wait_ms / 1000.0,
             max_queued_inputs=config.max_concurrent_requests * config.max_batch_size,
+            workers=len(self._model_threads),
             more_coming=lambda: self._tokenizing > 0,
         )
         self._tokenizing = 0
@@ -93,11 +96,20 @@ class Engine:
     def max_input_length(self) -> int:
         return self.runner.max_input_length
 
-    async def _in_model_thread(self, function: Callable[..., T], *args: object) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._model_thread, function, *args)
+    @property
+    def workers(self) -> int:
+        return len(self._model_threads)
 
-    async def _execute(self, batch: list[Sequence[int]], shape: Shape) -> BatchResult:
-        return await self._in_model_thread(self.runner.execute, batch, shape)
+    async def _in_model_thread(
+        self, function: Callable[..., T], *args: object, worker: int = 0
+    ) -> T:
+        executor = self._model_threads[worker]
+        return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
+
+    async def _execute(
+        self, batch: list[Sequence[int]], shape: Shape, worker: int = 0
+    ) -> BatchResult:
+        return await self._in_model_thread(self.runner.execute, batch, shape, worker, worker=worker)
 
     async def embed(
         self,
@@ -122,7 +134,9 @@ class Engine:
         return Embeddings(embedded.vectors, sum(map(len, token_ids)), embedded.cold)
 
     async def warm(self, lifecycle: Lifecycle, rule: SettleRule | None = None) -> None:
-        """Run every planned shape through the serving path until its latency settles."""
+        """Run every planned shape through the serving path until its latency settles, on
+        every model worker (side by side, as under load); a shape counts as warm once all
+        workers have settled it, and its steady latency is the slowest worker's."""
         rule = rule or SettleRule()
         started = time.perf_counter()
         for shape in self.plan:
@@ -130,21 +144,31 @@ class Engine:
                 return
             inputs = await self._in_model_thread(self.runner.warmup_inputs, shape)
             shape_started = time.perf_counter()
-            seconds: list[float] = []
-            while not should_stop(seconds, rule):
-                result = await self._execute(inputs, shape)
-                seconds.append(result.seconds)
-            steady = steady_seconds(seconds, rule)
+            runs = await asyncio.gather(
+                *(self._settle(shape, inputs, worker, rule) for worker in range(self.workers))
+            )
+            steady = max(steady_seconds(seconds, rule) for seconds in runs)
             spent = time.perf_counter() - shape_started
-            lifecycle.warmed[shape] = WarmedShape(shape, steady * 1000.0, len(seconds), spent)
+            count = sum(map(len, runs))
+            lifecycle.warmed[shape] = WarmedShape(shape, steady * 1000.0, count, spent)
             self.metrics.warmup_shape_duration.labels(shape=shape.key).set(spent)
             self.metrics.warmup_shape_steady.labels(shape=shape.key).set(steady)
             log.info(
-                "warmed %s: first %.1f ms, steady %.1f ms after %d runs",
+                "warmed %s: first %.1f ms, steady %.1f ms after %d runs on %d workers",
                 shape.key,
-                seconds[0] * 1000.0,
+                max(seconds[0] for seconds in runs) * 1000.0,
                 steady * 1000.0,
-                len(seconds),
+                count,
+                self.workers,
             )
         lifecycle.warmup_seconds = time.perf_counter() - started
         self.metrics.warmup_duration.set(lifecycle.warmup_seconds)
+
+    async def _settle(
+        self, shape: Shape, inputs: list[Sequence[int]], worker: int, rule: SettleRule
+    ) -> list[float]:
+        seconds: list[float] = []
+        while not should_stop(seconds, rule):
+            result = await self._execute(inputs, shape, worker)
+            seconds.append(result.seconds)
+        return seconds

@@ -33,6 +33,10 @@ class Lifecycle:
     device: str
     dtype: str
     planned: tuple[Shape, ...]
+    workers: int | None = None
+    """Model workers (forward passes at once); known once the model is loaded."""
+    torch_threads: int | None = None
+    """torch threads per worker."""
     phase: str = LOADING
     error: str | None = None
     warmed: dict[Shape, WarmedShape] = field(default_factory=dict)
@@ -78,6 +82,8 @@ class Lifecycle:
             },
             "device": self.device,
             "dtype": self.dtype,
+            "workers": self.workers,
+            "torch_threads": self.torch_threads,
             "planned_shapes": [shape.as_json() for shape in self.planned],
             "warmed_shapes": [
                 {**done.shape.as_json(), "steady_ms": round(done.steady_ms, 3), "runs": done.runs}

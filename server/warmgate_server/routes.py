@@ -75,6 +75,9 @@ async def info(request: web.Request) -> web.Response:
             "max_concurrent_requests": config.max_concurrent_requests,
             "sequence_buckets": list(config.sequence_buckets),
             "pad_batch": config.pad_batch,
+            "packed": engine.runner.packed is not None if engine else None,
+            "workers": runtime.lifecycle.workers,
+            "torch_threads": runtime.lifecycle.torch_threads,
             "planned_shapes": [shape.as_json() for shape in runtime.plan],
         }
     )

@@ -1,7 +1,7 @@
 """The model runner: load, tokenize, forward, pool. Knows torch and the model, nothing of HTTP.
 
-Every method that touches torch runs in the app's single model thread (see app.py), never on
-the event loop; `tokenize` runs in the tokenizer thread.
+Every method that touches torch runs in one of the app's model threads (one per model worker,
+see app.py), never on the event loop; `tokenize` runs in the tokenizer thread.
 """
 
 from __future__ import annotations
@@ -99,6 +99,8 @@ class LoadedModel:
     pad_token_id: int
     cls_token_id: int
     uses_token_type_ids: bool
+    packed: Any = None
+    """A PackedBert running this model padding-free, or None (the model's own forward)."""
 
     @property
     def device_name(self) -> str:
@@ -109,10 +111,60 @@ class LoadedModel:
         return str(self.dtype).removeprefix("torch.")
 
 
+def _cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The CPU limit of this process's cgroup (a pod's resources.limits.cpu), or None.
+
+    cgroup v2 `cpu.max` ("200000 100000" = 2 CPUs, "max 100000" = none), else cgroup v1's
+    `cpu.cfs_quota_us` / `cpu.cfs_period_us` (-1 = none).
+    """
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may use: its affinity, capped by its cgroup CPU limit, which
+    sched_getaffinity does not see (a pod limited to 2 CPUs on a 64-CPU node sees 64)."""
+    count = len(os.sched_getaffinity(0))
+    limit = _cgroup_cpu_limit()
+    if limit is not None:
+        count = min(count, max(1, int(limit)))
+    return count
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """How the CPUs are split: `workers` forward passes at once, `threads` torch threads each."""
+
+    workers: int
+    threads: int
+
+
+def plan_threads(config: ServerConfig, device_type: str, cpus: int | None = None) -> ThreadPlan:
+    """Defaults: on a GPU one worker (the device serialises its passes anyway); on a CPU two
+    workers when there are at least two CPUs, like Triton's two instances of a CPU model.
+
+    Two single-threaded passes side by side use two cores fully, where one pass on two threads
+    loses time at every operator's fork and join (small matrices: 384 wide for MiniLM); a batch
+    arriving while the other worker is busy starts at once instead of queueing behind it.
+    """
+    cpus = cpus or usable_cpus()
+    workers = config.model_workers or (1 if device_type == "cuda" or cpus < 2 else 2)
+    threads = config.torch_threads or max(1, cpus // workers)
+    return ThreadPlan(workers, threads)
+
+
 def default_torch_threads() -> int:
-    """All usable CPUs but one: the event loop and the tokenizer need a core, and torch's
-    thread pool degrades badly (10x and more) when its threads compete for cores."""
-    return max(1, len(os.sched_getaffinity(0)) - 1)
+    """The torch threads per worker a CPU server uses by default on this machine."""
+    return plan_threads(ServerConfig(model="-"), "cpu").threads
 
 
 def _pick_device(requested: str) -> torch.device:
@@ -145,9 +197,9 @@ def load_model(config: ServerConfig) -> LoadedModel:
 
     transformers_logging.disable_progress_bar()
 
-    threads = config.torch_threads or default_torch_threads()
-    torch.set_num_threads(threads)
     device = _pick_device(config.device)
+    threads = plan_threads(config, device.type)
+    torch.set_num_threads(threads.threads)  # the intra-op pool size every model thread uses
     dtype = _pick_dtype(config.dtype, device)
     started = time.perf_counter()
     try:
@@ -160,6 +212,7 @@ def load_model(config: ServerConfig) -> LoadedModel:
         raise ModelLoadError(f"--model {config.model}: cannot load it from {path}: {exc}") from exc
     model.to(device)
     model.eval()
+    packed = _packed_forward(config, model, tokenizer, device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else pad_id
     loaded = LoadedModel(
@@ -173,16 +226,53 @@ def load_model(config: ServerConfig) -> LoadedModel:
         pad_token_id=int(pad_id),
         cls_token_id=int(cls_id),
         uses_token_type_ids="token_type_ids" in tokenizer.model_input_names,
+        packed=packed,
     )
     log.info(
-        "loaded %s on %s as %s in %.1fs (%d torch threads)",
+        "loaded %s on %s as %s in %.1fs (%d model workers x %d torch threads, %s)",
         path,
         loaded.device_name,
         loaded.dtype_name,
         time.perf_counter() - started,
-        threads,
+        threads.workers,
+        threads.threads,
+        "packed" if packed is not None else "padded",
     )
     return loaded
+
+
+def _packed_forward(config: ServerConfig, model: Any, tokenizer: Any, device: Any) -> Any:
+    """The padding-free forward pass when --packing allows it and it agrees with the model's
+    own forward pass on a probe batch; None otherwise (auto falls back, on refuses to start)."""
+    if config.packing == "off":
+        return None
+    import torch
+
+    from . import packed as packing
+
+    why_not = packing.supports(model)
+    if why_not is None:
+        probe = tokenizer(["packed probe", "a longer probe sentence with more tokens in it"])
+        batch = probe["input_ids"]
+        runner = packing.PackedBert(model)
+        width = max(map(len, batch))
+        ids = torch.zeros(len(batch), width, dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for row, tokens in enumerate(batch):
+            ids[row, : len(tokens)] = torch.tensor(tokens)
+            mask[row, : len(tokens)] = 1
+        with torch.inference_mode():
+            hidden = model(input_ids=ids, attention_mask=mask)[0].float()
+            expected = torch.stack([hidden[row, : len(t)].mean(0) for row, t in enumerate(batch)])
+            got = runner(batch, width, len(batch), "mean")
+        agreement = float(torch.nn.functional.cosine_similarity(expected, got).min())
+        if agreement >= 0.9999:
+            return runner
+        why_not = f"its vectors disagree with the model's own forward pass (cosine {agreement:.5f})"
+    if config.packing == "on":
+        raise ModelLoadError(f"--packing on: {why_not}; use --packing auto or off")
+    log.info("padded forward pass: %s", why_not)
+    return None
 
 
 @dataclass(frozen=True)
@@ -197,14 +287,15 @@ class BatchResult:
 class ModelRunner:
     """tokenize / forward / pool for one served model, and the set of shapes already run."""
 
-    def __init__(self, loaded: LoadedModel, pooling: str, max_input_length: int) -> None:
+    def __init__(
+        self, loaded: LoadedModel, pooling: str, max_input_length: int, packed: bool = True
+    ) -> None:
         self.loaded = loaded
         self.pooling = pooling
         self.max_input_length = max_input_length
-        self._executed: set[Shape] = set()
-
-    def has_run(self, shape: Shape) -> bool:
-        return shape in self._executed
+        self.packed = loaded.packed if packed else None
+        """The padding-free forward pass in use, or None (the model's own, padded)."""
+        self._executed: set[tuple[int, Shape]] = set()
 
     def tokenize(
         self,
@@ -243,18 +334,24 @@ class ModelRunner:
         ids = self.tokenize([text], truncate=True, max_length=shape.seq_len)[0]
         return [ids] * shape.batch_size
 
-    def execute(self, batch: Sequence[Sequence[int]], shape: Shape) -> BatchResult:
-        """Run one padded batch of `shape`; the first `len(batch)` rows are real inputs."""
+    def execute(self, batch: Sequence[Sequence[int]], shape: Shape, worker: int = 0) -> BatchResult:
+        """Run one padded batch of `shape` in model worker `worker`'s thread; the first
+        `len(batch)` rows are real inputs. A shape is warm per worker: each thread has its own
+        allocator arena, BLAS buffers and thread team."""
         started = time.perf_counter()
-        first_time = shape not in self._executed
+        first_time = (worker, shape) not in self._executed
         vectors = self._forward(batch, shape)
-        self._executed.add(shape)
+        self._executed.add((worker, shape))
         return BatchResult(vectors, time.perf_counter() - started, first_time)
 
     def _forward(self, batch: Sequence[Sequence[int]], shape: Shape) -> np.ndarray:
         import torch
 
         loaded = self.loaded
+        if self.packed is not None:
+            with torch.inference_mode():
+                pooled = self.packed(batch, shape.seq_len, shape.batch_size, self.pooling)
+                return pooled.numpy()
         count = len(batch)
         ids = np.full(shape, loaded.pad_token_id, dtype=np.int64)
         mask = np.zeros(shape, dtype=np.int64)

@@ -20,7 +20,8 @@ from .shapes import Shape, ShapePolicy, bucket_for
 
 log = logging.getLogger(__name__)
 
-Execute = Callable[[list[Sequence[int]], Shape], Awaitable[BatchResult]]
+Execute = Callable[[list[Sequence[int]], Shape, int], Awaitable[BatchResult]]
+"""Run a batch as a shape on a model worker (its index)."""
 
 
 class QueueFull(RuntimeError):
@@ -67,6 +68,8 @@ class Scheduler:
     metrics: Metrics
     max_wait_s: float
     max_queued_inputs: int
+    workers: int = 1
+    """Batches that may run at once (model workers); a batch starts as soon as one is free."""
     more_coming: Callable[[], bool] = lambda: True
     """Whether other requests are about to be queued (e.g. being tokenized). When none are,
     waiting for a fuller batch only adds latency."""
@@ -74,7 +77,10 @@ class Scheduler:
     _arrival: asyncio.Event = field(default_factory=asyncio.Event)
     _order: itertools.count = field(default_factory=itertools.count)
     _queued: int = 0
-    _busy: bool = False
+    _free: list[int] = field(default_factory=list)
+    _worker_freed: asyncio.Event = field(default_factory=asyncio.Event)
+    _running: set[asyncio.Task[None]] = field(default_factory=set)
+    _active: int = 0
     served: Counter[Shape] = field(default_factory=Counter)
     """Shapes run for requests (warmup excluded), with counts: the /warmup/profile."""
 
@@ -84,7 +90,11 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return self._queued == 0 and not self._busy
+        return self._queued == 0 and self._active == 0
+
+    @property
+    def busy_workers(self) -> int:
+        return self._active
 
     async def submit(self, token_ids: Sequence[Sequence[int]], record: bool = True) -> Embedded:
         """Queue one request's inputs (each within the largest bucket) and await its vectors.
@@ -175,35 +185,59 @@ class Scheduler:
                 return
 
     async def run(self) -> None:
-        """The batching loop; runs until cancelled."""
-        while True:
-            bucket = self._choose_bucket()
-            if bucket is None:
-                self._arrival.clear()
-                await self._arrival.wait()
-                continue
-            if (
-                self.max_wait_s > 0
-                and self.more_coming()
-                and self._queued < self.policy.capacity(bucket)
-            ):
-                await self._wait_for_more(bucket)
+        """The batching loop; runs until cancelled. Whenever a model worker is free and inputs
+        wait, it builds the next batch and starts it on that worker."""
+        self._free = list(range(self.workers - 1, -1, -1))  # pop() hands out worker 0 first
+        try:
+            while True:
+                if not self._free:
+                    self._worker_freed.clear()
+                    await self._worker_freed.wait()
+                    continue
                 bucket = self._choose_bucket()
                 if bucket is None:
+                    self._arrival.clear()
+                    await self._arrival.wait()
                     continue
-            batch = self._take(bucket)
-            if batch:
-                self._busy = True
-                try:
-                    await self._run_batch(batch)
-                finally:
-                    self._busy = False
+                if (
+                    self.max_wait_s > 0
+                    and self.more_coming()
+                    and self._queued < self.policy.capacity(bucket)
+                ):
+                    await self._wait_for_more(bucket)
+                    bucket = self._choose_bucket()
+                    if bucket is None:
+                        continue
+                batch = self._take(bucket)
+                if batch:
+                    self._start(batch, self._free.pop())
+        finally:
+            for task in self._running:
+                task.cancel()
+            if self._running:
+                await asyncio.gather(*self._running, return_exceptions=True)
 
-    async def _run_batch(self, batch: list[_Item]) -> None:
+    def _start(self, batch: list[_Item], worker: int) -> None:
+        task = asyncio.create_task(self._run_on(batch, worker))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _run_on(self, batch: list[_Item], worker: int) -> None:
+        self._active += 1
+        try:
+            await self._run_batch(batch, worker)
+        finally:
+            # Before any awaiting request resumes: a caller that got its vectors sees the
+            # worker free and, with nothing queued, the scheduler idle.
+            self._active -= 1
+            self._free.append(worker)
+            self._worker_freed.set()
+
+    async def _run_batch(self, batch: list[_Item], worker: int = 0) -> None:
         bucket = max(item.bucket for item in batch)  # the smallest bucket that holds them all
         shape = self.policy.shape_for(len(batch), bucket)
         try:
-            result = await self.execute([item.token_ids for item in batch], shape)
+            result = await self.execute([item.token_ids for item in batch], shape, worker)
         except asyncio.CancelledError:
             for item in batch:
                 if not item.request.abandoned:

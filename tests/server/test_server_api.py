@@ -27,8 +27,9 @@ async def test_probes_and_reports_while_warming_then_ready(start_server) -> None
 
     report = await wait_for_phase(client, {"ready"})
     assert set(report) == {
-        "phase", "ready", "model", "device", "dtype", "planned_shapes", "warmed_shapes",
-        "progress", "warmup_seconds", "error", "started_at", "pid",
+        "phase", "ready", "model", "device", "dtype", "workers", "torch_threads",
+        "planned_shapes", "warmed_shapes", "progress", "warmup_seconds", "error", "started_at",
+        "pid",
     }  # fmt: skip
     assert report["ready"] is True and report["error"] is None
     assert report["model"] == {
@@ -37,6 +38,7 @@ async def test_probes_and_reports_while_warming_then_ready(start_server) -> None
         "served_name": "all-MiniLM-L6-v2",
     }
     assert (report["device"], report["dtype"]) == ("cpu", "float32")
+    assert report["workers"] >= 1 and report["torch_threads"] >= 1
     planned = [(s["batch_size"], s["seq_len"]) for s in report["planned_shapes"]]
     assert planned == [(1, 16), (4, 16), (1, 32), (4, 32), (1, 64), (4, 64)]
     warmed = [(s["batch_size"], s["seq_len"]) for s in report["warmed_shapes"]]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from warmgate_server.config import ConfigError, env_name, parse_config
+from warmgate_server.runner import ThreadPlan, _cgroup_cpu_limit, plan_threads
 from warmgate_server.shapes import Shape
 from warmgate_server.testing import SERVER_ROOT
 
@@ -57,6 +58,8 @@ def test_env_names_are_upper_snake_case() -> None:
         (["--device", "tpu"], "use one of auto, cpu"),
         (["--pooling", "max"], "mean, cls"),
         (["--max-batch-size", "many"], "is not valid"),
+        (["--packing", "always"], "use one of auto, on, off"),
+        (["--model-workers", "0"], "--model-workers must be at least 1"),
     ],
 )
 def test_bad_combinations_say_what_to_change(args: list[str], advice: str) -> None:
@@ -123,3 +126,32 @@ def test_bad_config_exits_2_with_the_message() -> None:
     )
     assert result.returncode == 2
     assert "strictly ascending" in result.stderr
+
+
+def test_thread_plan_splits_the_cpus_among_model_workers() -> None:
+    def plan(*args: str, device: str = "cpu", cpus: int = 2) -> ThreadPlan:
+        return plan_threads(parse_config(["--model", "m", *args], environ={}), device, cpus)
+
+    assert plan() == ThreadPlan(workers=2, threads=1)
+    assert plan(cpus=1) == ThreadPlan(workers=1, threads=1)
+    assert plan(cpus=16) == ThreadPlan(workers=2, threads=8)
+    assert plan(device="cuda", cpus=16) == ThreadPlan(workers=1, threads=16)
+    assert plan("--model-workers", "4", cpus=16) == ThreadPlan(workers=4, threads=4)
+    assert plan("--model-workers", "1", "--torch-threads", "3") == ThreadPlan(1, 3)
+
+
+def test_cgroup_cpu_limit_v2_v1_and_none(tmp_path: Path) -> None:
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert _cgroup_cpu_limit(v2) == 1.5
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert _cgroup_cpu_limit(v2) is None
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("400000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert _cgroup_cpu_limit(tmp_path / "v1") == 4.0
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert _cgroup_cpu_limit(tmp_path / "v1") is None
+    assert _cgroup_cpu_limit(tmp_path / "absent") is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 TEXTS = [
     "hi",
@@ -31,14 +32,17 @@ async def embed(client, texts: list[str]) -> np.ndarray:
     return np.array([item["embedding"] for item in (await response.json())["data"]])
 
 
+@pytest.mark.parametrize("packing", ["on", "off"])
 async def test_vectors_match_sentence_transformers_across_buckets_and_batches(
-    start_server, sentence_transformer
+    start_server, sentence_transformer, packing: str
 ) -> None:
     reference = sentence_transformer.encode(TEXTS, convert_to_numpy=True)
     lengths = [len(sentence_transformer.tokenizer(text)["input_ids"]) for text in TEXTS]
     assert min(lengths) <= 16 < 32 < max(lengths) <= 64  # the texts span three buckets
 
-    client = await start_server()
+    client = await start_server("--packing", packing)
+    info = await (await client.get("/info")).json()
+    assert info["packed"] is (packing == "on")
     together = await embed(client, TEXTS)  # one request, split by bucket and padded to size 4
     alone = np.vstack([await embed(client, [text]) for text in TEXTS])  # batch 1, padded
     reversed_order = (await embed(client, TEXTS[::-1]))[::-1]
@@ -50,12 +54,44 @@ async def test_vectors_match_sentence_transformers_across_buckets_and_batches(
     assert np.abs(together - alone).max() < 1e-4  # padding does not move a vector
 
 
-async def test_cls_pooling_and_unnormalized_output(start_server, loaded_minilm) -> None:
+@pytest.mark.parametrize("packing", ["on", "off"])
+async def test_cls_pooling_and_unnormalized_output(
+    start_server, loaded_minilm, packing: str
+) -> None:
     import torch
 
-    client = await start_server("--pooling", "cls", "--no-normalize")
-    served = await embed(client, ["A man is eating food."])
+    client = await start_server("--pooling", "cls", "--no-normalize", "--packing", packing)
+    served = await embed(client, ["A man is eating food.", "hi"])
     tokens = loaded_minilm.tokenizer(["A man is eating food."], return_tensors="pt")
     with torch.inference_mode():
         expected = loaded_minilm.model(**tokens)[0][:, 0].numpy()
-    np.testing.assert_allclose(served, expected, atol=1e-4)
+    np.testing.assert_allclose(served[:1], expected, atol=1e-4)
+
+
+def test_packing_falls_back_for_other_architectures_and_on_refuses_them(
+    tmp_path, minilm_dir
+) -> None:
+    """A DistilBERT (not the BERT layout) is served by its own padded forward pass under
+    `--packing auto`; `--packing on` refuses to start and says why."""
+    from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
+
+    from warmgate_server.config import parse_config
+    from warmgate_server.runner import ModelLoadError, ModelRunner, load_model
+    from warmgate_server.shapes import Shape
+
+    config = DistilBertConfig(dim=32, n_layers=1, n_heads=2, hidden_dim=64)
+    DistilBertModel(config).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(str(minilm_dir)).save_pretrained(tmp_path)
+
+    loaded = load_model(parse_config(["--model", str(tmp_path), "--device", "cpu"], environ={}))
+    assert loaded.packed is None
+    runner = ModelRunner(loaded, "mean", 32)
+    vectors = runner.execute(runner.tokenize(["hello there", "hi"]), Shape(4, 16)).vectors
+    assert vectors.shape == (2, 32) and np.isfinite(vectors).all()
+
+    with pytest.raises(ModelLoadError, match="--packing on: model type 'distilbert' is not bert"):
+        load_model(
+            parse_config(
+                ["--model", str(tmp_path), "--device", "cpu", "--packing", "on"], environ={}
+            )
+        )

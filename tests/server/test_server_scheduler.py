@@ -7,6 +7,8 @@ so each result can be checked against the batch it ran in.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,18 +19,26 @@ from warmgate_server.scheduler import Scheduler
 from warmgate_server.shapes import Shape, ShapePolicy, plan_warmup
 
 
-def make_scheduler(pad_batch: bool = True, max_wait_s: float = 0.005):
+def make_scheduler(
+    pad_batch: bool = True, max_wait_s: float = 0.005, workers: int = 1, seconds: float = 0.001
+):
     plan = plan_warmup([1, 4], [16, 32], 1024, 8).shapes
     ran: list[tuple[Shape, int]] = []
+    spans: list[tuple[int, float, float]] = []  # (worker, started, ended)
 
-    async def execute(batch: list[Sequence[int]], shape: Shape) -> BatchResult:
+    async def execute(batch: list[Sequence[int]], shape: Shape, worker: int) -> BatchResult:
         ran.append((shape, len(batch)))
-        await asyncio.sleep(0.001)
+        started = time.monotonic()
+        await asyncio.sleep(seconds)
+        spans.append((worker, started, time.monotonic()))
         vectors = np.array([[ids[0], len(ids), shape.batch_size] for ids in batch], np.float32)
-        return BatchResult(vectors, 0.001, first_time=False)
+        return BatchResult(vectors, seconds, first_time=False)
 
     policy = ShapePolicy.build([16, 32], 8, 1024, pad_batch, plan)
-    scheduler = Scheduler(policy, execute, Metrics(), max_wait_s, max_queued_inputs=64)
+    scheduler = Scheduler(
+        policy, execute, Metrics(), max_wait_s, max_queued_inputs=64, workers=workers
+    )
+    scheduler.spans = spans  # type: ignore[attr-defined]
     return scheduler, ran
 
 
@@ -115,3 +125,27 @@ async def test_a_lone_request_does_not_wait_for_company() -> None:
         assert result.vectors[0, 0] == 3 and ran == [(Shape(1, 16), 1)]
     finally:
         loop_task.cancel()
+
+
+def overlapping(spans: list[tuple[int, float, float]]) -> bool:
+    ordered = sorted(spans, key=lambda span: span[1])
+    return any(later[1] < earlier[2] for earlier, later in itertools.pairwise(ordered))
+
+
+async def test_two_workers_run_two_batches_at_once_and_one_worker_runs_them_in_turn() -> None:
+    for workers in (2, 1):
+        scheduler, ran = make_scheduler(workers=workers, seconds=0.1)
+        loop_task = asyncio.create_task(scheduler.run())
+        try:
+            # Four requests of four 8-token inputs: four full 4x16 batches.
+            requests = [[ids(10 * r + i, 8) for i in range(4)] for r in range(4)]
+            results = await asyncio.gather(*(scheduler.submit(inputs) for inputs in requests))
+            for r, result in enumerate(results):
+                assert result.vectors[:, 0].tolist() == [10 * r + i for i in range(4)]
+            spans = scheduler.spans  # type: ignore[attr-defined]
+            assert ran == [(Shape(4, 16), 4)] * 4
+            assert {worker for worker, _start, _end in spans} == set(range(workers))
+            assert overlapping(spans) == (workers == 2)
+            assert scheduler.idle
+        finally:
+            loop_task.cancel()
