@@ -19,6 +19,7 @@ from pathlib import Path
 import aiohttp
 
 from warmgate_devcluster import procs
+from warmgate_devcluster.cgroups import CpuCgroups, cluster_group_name
 from warmgate_devcluster.config import ClusterConfig
 from warmgate_devcluster.imagemap import ImageMap
 from warmgate_devcluster.kubeapi import ApiError, KubeApi, Reflector, object_key
@@ -95,6 +96,7 @@ class NodeAgent:
         self._stopping = asyncio.Event()
         self._event_tasks: set[asyncio.Task] = set()
         self._recent_events: dict[tuple[str, str, str], float] = {}
+        self.cgroups: CpuCgroups | None = None
 
     # ------------------------------------------------------------------ lookups for workers
     def configmap(self, namespace: str, name: str) -> dict | None:
@@ -344,6 +346,11 @@ class NodeAgent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
         self._cleanup_orphans()
+        self.cgroups = CpuCgroups.create(
+            cluster_group_name(self.config.state_dir), len(os.sched_getaffinity(0))
+        )
+        if self.cgroups is not None:
+            log.info("pods get kubelet-style CPU cgroups under %s", self.cgroups.root)
         # Probes open a fresh connection each time, like kubelet's (no keep-alive).
         connector = aiohttp.TCPConnector(force_close=True)
         async with (
@@ -396,6 +403,8 @@ class NodeAgent:
                 worker.task.cancel()
         await asyncio.gather(*(w.task for w in workers if w.task), return_exceptions=True)
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.cgroups is not None:
+            self.cgroups.close()
 
 
 def mark_ready(config: ClusterConfig, name: str) -> None:

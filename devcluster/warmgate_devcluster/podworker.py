@@ -70,6 +70,8 @@ class PodWorker:
         self._transitions = transition_memory(pod)
         self._token: str | None = None
         self.task: asyncio.Task | None = None
+        self.cgroup: Path | None = None
+        """The pod's CPU cgroup (kubelet-style shares and quota), when the agent makes them."""
         if pod["metadata"].get("deletionTimestamp"):
             self._terminate.set()
 
@@ -174,6 +176,8 @@ class PodWorker:
             with contextlib.suppress(BaseException):
                 await status_task
             await self.kill_all(2.0)
+            if self.cgroup is not None and self.agent.cgroups is not None:
+                self.agent.cgroups.remove(self.uid)
             self.agent.ipam.release(self.pod_ip)
             shutil.rmtree(self.pod_dir, ignore_errors=True)
             self.agent.worker_done(self)
@@ -186,6 +190,8 @@ class PodWorker:
         host_network = self.pod["spec"].get("hostNetwork", False)
         self.pod_ip = "127.0.0.1" if host_network else self.agent.ipam.allocate()
         (self.pod_dir / "containers").mkdir(parents=True, exist_ok=True)
+        if self.agent.cgroups is not None:
+            self.cgroup = self.agent.cgroups.pod(self.uid, self.pod)
         self.notify()
         await self._fetch_token()
         while not self._terminate.is_set():

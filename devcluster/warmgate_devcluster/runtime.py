@@ -24,6 +24,7 @@ from typing import Protocol
 import aiohttp
 
 from warmgate_devcluster import probes, procs
+from warmgate_devcluster.cgroups import launch_in
 from warmgate_devcluster.podstatus import ContainerView, timestamp
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class PodHost(Protocol):
     pod_ip: str
     restart_backoff: tuple[float, float]
     probe_session: aiohttp.ClientSession
+
+    cgroup: Path | None
 
     def prepare(self, container: dict) -> LaunchSpec: ...
     def notify(self) -> None: ...
@@ -176,8 +179,11 @@ class ContainerRunner:
             log_file.write(f"--- {started} starting {launch.argv!r}\n".encode())
             log_file.flush()
             try:
+                argv = launch.argv
+                if self.host.cgroup is not None:
+                    argv = launch_in(self.host.cgroup, argv)
                 self.process = await asyncio.create_subprocess_exec(
-                    *launch.argv,
+                    *argv,
                     env=launch.env,
                     cwd=launch.cwd,
                     stdin=asyncio.subprocess.DEVNULL,

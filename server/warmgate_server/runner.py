@@ -111,23 +111,37 @@ class LoadedModel:
         return str(self.dtype).removeprefix("torch.")
 
 
-def _cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
-    """The CPU limit of this process's cgroup (a pod's resources.limits.cpu), or None.
+def _cgroup_cpu_limit(
+    root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")
+) -> float | None:
+    """The CPU limit of this process's own cgroup (a pod's resources.limits.cpu), or None.
 
-    cgroup v2 `cpu.max` ("200000 100000" = 2 CPUs, "max 100000" = none), else cgroup v1's
-    `cpu.cfs_quota_us` / `cpu.cfs_period_us` (-1 = none).
+    cgroup v2: `cpu.max` ("200000 100000" = 2 CPUs, "max 100000" = none); cgroup v1:
+    `cpu.cfs_quota_us` / `cpu.cfs_period_us` (-1 = none), in the `cpu` hierarchy. The cgroup is
+    the one /proc/self/cgroup names (inside a container's cgroup namespace that is "/").
     """
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
-        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-    except (OSError, ValueError):
-        return None
-    return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _hierarchy, controllers, path = line.split(":", 2)
+        relative = path.lstrip("/")
+        if controllers == "":
+            try:
+                quota, period = (root / relative / "cpu.max").read_text().split()[:2]
+                return None if quota == "max" else int(quota) / int(period)
+            except (OSError, ValueError):
+                continue
+        if "cpu" in controllers.split(","):
+            for mount in (root / "cpu", root / controllers):
+                try:
+                    quota_us = int((mount / relative / "cpu.cfs_quota_us").read_text())
+                    period_us = int((mount / relative / "cpu.cfs_period_us").read_text())
+                except (OSError, ValueError):
+                    continue
+                return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+    return None
 
 
 def usable_cpus() -> int:

@@ -4,6 +4,7 @@ gates, EndpointSlices, the service proxy, restarts, termination and rolling upda
 from __future__ import annotations
 
 import ipaddress
+import os
 import threading
 import time
 import urllib.error
@@ -454,3 +455,40 @@ def test_init_container_prepares_an_empty_dir(devcluster, namespace, core):
     _, env = wait_for(lambda: http_json(f"http://{pod.status.pod_ip}:8080/env"), "the server")
     status, body = http_json(f"http://{pod.status.pod_ip}:8080/file?path={env['STATE']}")
     assert status == 200 and body["content"].strip() == "prepared-by-init"
+
+
+def cpu_cgroup(pid: int) -> Path | None:
+    """The cgroup v1 `cpu` folder a process is in (None: the root, i.e. no pod cgroup)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _hierarchy, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(",") and path != "/":
+            return Path("/sys/fs/cgroup/cpu") / path.lstrip("/")
+    return None
+
+
+@pytest.mark.skipif(
+    not (os.geteuid() == 0 and os.access("/sys/fs/cgroup/cpu", os.W_OK)),
+    reason="per-pod CPU cgroups need root and a writable cgroup v1 cpu controller",
+)
+def test_each_pod_gets_a_cpu_cgroup_with_kubelet_shares_and_quota(devcluster, namespace, core):
+    limited = server_container()
+    limited["resources"] = {"requests": {"cpu": "500m"}, "limits": {"cpu": "1500m"}}
+    core.create_namespaced_pod(namespace, pod_manifest("limited", limited))
+    core.create_namespaced_pod(namespace, pod_manifest("besteffort", server_container()))
+    groups = {}
+    for name in ("limited", "besteffort"):
+        pod = ready_pod(core, namespace, name)
+        group = cpu_cgroup(container_pid(pod))
+        assert group is not None and group.name == pod.metadata.uid, group
+        groups[name] = group
+    # kubelet: shares = request x 1024 per CPU (at least 2); quota = limit x the 100 ms period.
+    assert (groups["limited"] / "cpu.shares").read_text().strip() == "512"
+    assert (groups["limited"] / "cpu.cfs_quota_us").read_text().strip() == "150000"
+    assert (groups["besteffort"] / "cpu.shares").read_text().strip() == "2"
+    assert (groups["besteffort"] / "cpu.cfs_quota_us").read_text().strip() == "-1"
+    assert groups["limited"].parent == groups["besteffort"].parent  # the cluster's "kubepods"
+
+    core.delete_namespaced_pod("limited", namespace)
+    wait_for(lambda: gone(core, namespace, "limited"), "the pod object to be removed")
+    wait_for(lambda: not groups["limited"].exists(), "the pod's cgroup to be removed")
+    assert groups["besteffort"].exists()

@@ -330,3 +330,23 @@ def test_pod_ips_are_unique_loopback_addresses_and_reused_last():
         ipam.allocate()
     with pytest.raises(RuntimeError):
         ipam.allocate()
+
+
+def test_cpu_quantities_and_pod_cpu_as_kubelet_sums_them() -> None:
+    from warmgate_devcluster.cgroups import cpu_millis, pod_cpu, quota_for, shares_for
+
+    assert [cpu_millis(q) for q in ("100m", "1", "1.5", 2, "0.25")] == [100, 1000, 1500, 2000, 250]
+    with pytest.raises(ValueError, match="not a CPU quantity"):
+        cpu_millis("one")
+
+    def pod(*resources: dict) -> dict:
+        return {"spec": {"containers": [{"name": f"c{i}", "resources": r}
+                                        for i, r in enumerate(resources)]}}  # fmt: skip
+
+    assert pod_cpu(pod({})) == (0, None)
+    assert pod_cpu(pod({"limits": {"cpu": "2"}})) == (2000, 2000)  # request defaults to limit
+    both = {"requests": {"cpu": "250m"}, "limits": {"cpu": "1"}}
+    assert pod_cpu(pod(both, {"requests": {"cpu": "250m"}})) == (500, None)  # one unlimited
+    assert pod_cpu(pod(both, both)) == (500, 2000)
+    assert (shares_for(0), shares_for(100), shares_for(2000)) == (2, 102, 2048)
+    assert (quota_for(None), quota_for(5), quota_for(1500)) == (-1, 1000, 150000)

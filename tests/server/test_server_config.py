@@ -140,18 +140,22 @@ def test_thread_plan_splits_the_cpus_among_model_workers() -> None:
     assert plan("--model-workers", "1", "--torch-threads", "3") == ThreadPlan(1, 3)
 
 
-def test_cgroup_cpu_limit_v2_v1_and_none(tmp_path: Path) -> None:
-    v2 = tmp_path / "v2"
-    v2.mkdir()
-    (v2 / "cpu.max").write_text("150000 100000\n")
-    assert _cgroup_cpu_limit(v2) == 1.5
-    (v2 / "cpu.max").write_text("max 100000\n")
-    assert _cgroup_cpu_limit(v2) is None
-    v1 = tmp_path / "v1" / "cpu"
-    v1.mkdir(parents=True)
-    (v1 / "cpu.cfs_quota_us").write_text("400000\n")
-    (v1 / "cpu.cfs_period_us").write_text("100000\n")
-    assert _cgroup_cpu_limit(tmp_path / "v1") == 4.0
-    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
-    assert _cgroup_cpu_limit(tmp_path / "v1") is None
-    assert _cgroup_cpu_limit(tmp_path / "absent") is None
+def test_cgroup_cpu_limit_of_the_process_own_cgroup_v2_v1_and_none(tmp_path: Path) -> None:
+    def limit(proc_cgroup: str, files: dict[str, str]) -> float | None:
+        root = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
+        root.mkdir()
+        for name, text in files.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(text + "\n")
+        (root / "self-cgroup").write_text(proc_cgroup)
+        return _cgroup_cpu_limit(root, root / "self-cgroup")
+
+    assert limit("0::/pod-a\n", {"pod-a/cpu.max": "150000 100000"}) == 1.5
+    assert limit("0::/\n", {"cpu.max": "max 100000"}) is None
+    v1 = "4:memory:/x\n3:cpu,cpuacct:/pods/b\n"
+    assert limit(v1, {"cpu/pods/b/cpu.cfs_quota_us": "400000",
+                      "cpu/pods/b/cpu.cfs_period_us": "100000"}) == 4.0  # fmt: skip
+    assert limit(v1, {"cpu/pods/b/cpu.cfs_quota_us": "-1",
+                      "cpu/pods/b/cpu.cfs_period_us": "100000"}) is None  # fmt: skip
+    assert limit("3:cpu:/gone\n", {}) is None
+    assert _cgroup_cpu_limit(tmp_path, tmp_path / "no-such-file") is None
