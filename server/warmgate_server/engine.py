@@ -55,8 +55,8 @@ class Engine:
         max_input_length = min(
             config.max_input_length or loaded.model_max_length, config.largest_bucket
         )
-        positions = getattr(loaded.model.config, "max_position_embeddings", None)
-        if isinstance(positions, int) and max_input_length > positions:
+        positions = loaded.max_positions
+        if positions is not None and max_input_length > positions:
             raise ModelLoadError(
                 f"--max-input-length {max_input_length} is above this model's "
                 f"{positions} positions: lower --max-input-length (and the buckets above it)"

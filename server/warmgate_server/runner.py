@@ -73,14 +73,14 @@ def resolve_model_path(model: str) -> Path:
         ) from None
 
 
-def _model_max_length(path: Path, model_config: Any, tokenizer: Any) -> int:
+def _model_max_length(path: Path, positions: Any, tokenizer: Any) -> int:
     """The model's own input limit: sentence-transformers' max_seq_length when present."""
     st_config = path / "sentence_bert_config.json"
     if st_config.is_file():
         value = json.loads(st_config.read_text()).get("max_seq_length")
         if isinstance(value, int) and value > 0:
             return value
-    limits = [getattr(model_config, "max_position_embeddings", None), tokenizer.model_max_length]
+    limits = [positions, tokenizer.model_max_length]
     usable = [value for value in limits if isinstance(value, int) and 0 < value < 1_000_000]
     return min(usable) if usable else 512
 
@@ -91,6 +91,7 @@ class LoadedModel:
 
     path: Path
     model: Any
+    """The transformers model (None when the padding-free pass was loaded without it)."""
     tokenizer: Any
     device: torch.device
     dtype: torch.dtype
@@ -101,6 +102,8 @@ class LoadedModel:
     uses_token_type_ids: bool
     packed: Any = None
     """A PackedBert running this model padding-free, or None (the model's own forward)."""
+    max_positions: int | None = None
+    """The model's position embeddings: the hard limit on tokens per input."""
 
     @property
     def device_name(self) -> str:
@@ -203,30 +206,33 @@ def _pick_dtype(requested: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(config: ServerConfig) -> LoadedModel:
-    """Resolve, load and place the model. Slow: call it in the model thread."""
+    """Resolve, load and place the model. Slow: call it in the model thread.
+
+    With --packing auto or on, a BERT-family model on the CPU is loaded straight from its
+    folder into the padding-free forward pass (transformers' modeling stack is never imported:
+    seconds of CPU less per start); anything else goes through transformers' AutoModel.
+    """
     path = resolve_model_path(config.model)
     import torch
-    from transformers import AutoModel, AutoTokenizer
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()
 
     device = _pick_device(config.device)
     threads = plan_threads(config, device.type)
     torch.set_num_threads(threads.threads)  # the intra-op pool size every model thread uses
     dtype = _pick_dtype(config.dtype, device)
     started = time.perf_counter()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True)
-        try:
-            model = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=dtype)
-        except TypeError:  # transformers 4.x names it torch_dtype
-            model = AutoModel.from_pretrained(str(path), local_files_only=True, torch_dtype=dtype)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"--model {config.model}: cannot load it from {path}: {exc}") from exc
-    model.to(device)
-    model.eval()
-    packed = _packed_forward(config, model, tokenizer, device)
+    tokenizer = _load_tokenizer(config, path)
+    packed, why_not = _load_packed(config, path, device, dtype)
+    model = None
+    if packed is None:
+        if config.packing == "on":
+            raise ModelLoadError(f"--packing on: {why_not}; use --packing auto or off")
+        if config.packing == "auto":
+            log.info("padded forward pass: %s", why_not)
+        model = _load_transformers_model(config, path, device, dtype)
+        positions = getattr(model.config, "max_position_embeddings", None)
+        hidden_size = int(model.config.hidden_size)
+    else:
+        positions, hidden_size = packed.max_positions, packed.hidden
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else pad_id
     loaded = LoadedModel(
@@ -235,12 +241,13 @@ def load_model(config: ServerConfig) -> LoadedModel:
         tokenizer=tokenizer,
         device=device,
         dtype=dtype,
-        hidden_size=int(model.config.hidden_size),
-        model_max_length=_model_max_length(path, model.config, tokenizer),
+        hidden_size=hidden_size,
+        model_max_length=_model_max_length(path, positions, tokenizer),
         pad_token_id=int(pad_id),
         cls_token_id=int(cls_id),
         uses_token_type_ids="token_type_ids" in tokenizer.model_input_names,
         packed=packed,
+        max_positions=positions if isinstance(positions, int) else None,
     )
     log.info(
         "loaded %s on %s as %s in %.1fs (%d model workers x %d torch threads, %s)",
@@ -255,38 +262,50 @@ def load_model(config: ServerConfig) -> LoadedModel:
     return loaded
 
 
-def _packed_forward(config: ServerConfig, model: Any, tokenizer: Any, device: Any) -> Any:
-    """The padding-free forward pass when --packing allows it and it agrees with the model's
-    own forward pass on a probe batch; None otherwise (auto falls back, on refuses to start)."""
+def _load_tokenizer(config: ServerConfig, path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"--model {config.model}: cannot load its tokenizer from {path}: {exc}"
+        ) from exc
+
+
+def _load_packed(
+    config: ServerConfig, path: Path, device: torch.device, dtype: torch.dtype
+) -> tuple[Any, str]:
+    """(the padding-free forward pass, "") or (None, why not)."""
     if config.packing == "off":
-        return None
-    import torch
+        return None, "--packing off"
+    if device.type != "cpu":
+        return None, f"the device is {device}, and packing runs on the CPU only"
+    from .packed import PackedBert
 
-    from . import packed as packing
+    try:
+        return PackedBert.from_folder(path, dtype), ""
+    except ValueError as exc:
+        return None, str(exc).removeprefix("cannot run this model packed: ")
 
-    why_not = packing.supports(model)
-    if why_not is None:
-        probe = tokenizer(["packed probe", "a longer probe sentence with more tokens in it"])
-        batch = probe["input_ids"]
-        runner = packing.PackedBert(model)
-        width = max(map(len, batch))
-        ids = torch.zeros(len(batch), width, dtype=torch.long, device=device)
-        mask = torch.zeros_like(ids)
-        for row, tokens in enumerate(batch):
-            ids[row, : len(tokens)] = torch.tensor(tokens)
-            mask[row, : len(tokens)] = 1
-        with torch.inference_mode():
-            hidden = model(input_ids=ids, attention_mask=mask)[0].float()
-            expected = torch.stack([hidden[row, : len(t)].mean(0) for row, t in enumerate(batch)])
-            got = runner(batch, width, len(batch), "mean")
-        agreement = float(torch.nn.functional.cosine_similarity(expected, got).min())
-        if agreement >= 0.9999:
-            return runner
-        why_not = f"its vectors disagree with the model's own forward pass (cosine {agreement:.5f})"
-    if config.packing == "on":
-        raise ModelLoadError(f"--packing on: {why_not}; use --packing auto or off")
-    log.info("padded forward pass: %s", why_not)
-    return None
+
+def _load_transformers_model(
+    config: ServerConfig, path: Path, device: torch.device, dtype: torch.dtype
+) -> Any:
+    from transformers import AutoModel
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    try:
+        try:
+            model = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=dtype)
+        except TypeError:  # transformers 4.x names it torch_dtype
+            model = AutoModel.from_pretrained(str(path), local_files_only=True, torch_dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"--model {config.model}: cannot load it from {path}: {exc}") from exc
+    model.to(device)
+    model.eval()
+    return model
 
 
 @dataclass(frozen=True)
@@ -309,6 +328,8 @@ class ModelRunner:
         self.max_input_length = max_input_length
         self.packed = loaded.packed if packed else None
         """The padding-free forward pass in use, or None (the model's own, padded)."""
+        if self.packed is None and loaded.model is None:
+            raise ValueError("the padded forward pass needs a model loaded with --packing off")
         self._executed: set[tuple[int, Shape]] = set()
 
     def tokenize(

@@ -43,6 +43,13 @@ def loaded_minilm(minilm_dir: Path) -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
+def loaded_minilm_padded(minilm_dir: Path) -> LoadedModel:
+    """The same model through transformers' AutoModel and its own padded forward pass."""
+    argv = ["--model", str(minilm_dir), "--device", "cpu", "--packing", "off"]
+    return load_model(parse_config(argv, environ={}))
+
+
+@pytest.fixture(scope="session")
 def sentence_transformer(minilm_dir: Path):
     from sentence_transformers import SentenceTransformer
 
@@ -60,13 +67,15 @@ StartServer = Callable[..., Awaitable[TestClient]]
 
 
 @pytest.fixture
-def start_server(aiohttp_client, minilm_dir: Path, loaded_minilm: LoadedModel) -> StartServer:
-    """Start an app on the shared model; by default wait until it is ready."""
+def start_server(aiohttp_client, minilm_dir: Path, request) -> StartServer:
+    """Start an app on the shared model (loaded packed, or padded for `--packing off`); by
+    default wait until it is ready."""
 
     async def start(*args: str, wait: bool = True) -> TestClient:
-        app: web.Application = create_app(
-            make_config(minilm_dir, *args), preloaded=loaded_minilm, settle_rule=QUICK_SETTLE
-        )
+        config = make_config(minilm_dir, *args)
+        fixture = "loaded_minilm_padded" if config.packing == "off" else "loaded_minilm"
+        preloaded = request.getfixturevalue(fixture)
+        app: web.Application = create_app(config, preloaded=preloaded, settle_rule=QUICK_SETTLE)
         client = await aiohttp_client(app)
         if wait:
             report = await wait_for_phase(client, {"ready", "failed"})

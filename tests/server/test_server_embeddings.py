@@ -56,15 +56,15 @@ async def test_vectors_match_sentence_transformers_across_buckets_and_batches(
 
 @pytest.mark.parametrize("packing", ["on", "off"])
 async def test_cls_pooling_and_unnormalized_output(
-    start_server, loaded_minilm, packing: str
+    start_server, loaded_minilm_padded, packing: str
 ) -> None:
     import torch
 
     client = await start_server("--pooling", "cls", "--no-normalize", "--packing", packing)
     served = await embed(client, ["A man is eating food.", "hi"])
-    tokens = loaded_minilm.tokenizer(["A man is eating food."], return_tensors="pt")
+    tokens = loaded_minilm_padded.tokenizer(["A man is eating food."], return_tensors="pt")
     with torch.inference_mode():
-        expected = loaded_minilm.model(**tokens)[0][:, 0].numpy()
+        expected = loaded_minilm_padded.model(**tokens)[0][:, 0].numpy()
     np.testing.assert_allclose(served[:1], expected, atol=1e-4)
 
 
@@ -84,7 +84,7 @@ def test_packing_falls_back_for_other_architectures_and_on_refuses_them(
     AutoTokenizer.from_pretrained(str(minilm_dir)).save_pretrained(tmp_path)
 
     loaded = load_model(parse_config(["--model", str(tmp_path), "--device", "cpu"], environ={}))
-    assert loaded.packed is None
+    assert loaded.packed is None and loaded.model is not None
     runner = ModelRunner(loaded, "mean", 32)
     vectors = runner.execute(runner.tokenize(["hello there", "hi"]), Shape(4, 16)).vectors
     assert vectors.shape == (2, 32) and np.isfinite(vectors).all()
@@ -95,3 +95,42 @@ def test_packing_falls_back_for_other_architectures_and_on_refuses_them(
                 ["--model", str(tmp_path), "--device", "cpu", "--packing", "on"], environ={}
             )
         )
+
+
+@pytest.mark.parametrize(
+    ("activation", "pooling"), [("gelu", "mean"), ("relu", "cls"), ("gelu_new", "mean")]
+)
+def test_packed_pass_equals_the_transformers_forward_pass_for_other_bert_configs(
+    tmp_path, activation: str, pooling: str
+) -> None:
+    """Random BERTs unlike MiniLM (3 layers, 4 heads, another activation), loaded from their
+    saved folder by the packed loader: same vectors as transformers' own padded pass, with
+    inputs of several lengths and padding rows."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from warmgate_server.packed import PackedBert
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=120, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+        intermediate_size=96, max_position_embeddings=64, hidden_act=activation,
+    )  # fmt: skip
+    model = BertModel(config).eval()
+    model.save_pretrained(tmp_path)
+    packed = PackedBert.from_folder(tmp_path, torch.float32)
+    batch = [[2, 5, 9, 3], [2, 7, 3], [2, 11, 12, 13, 14, 15, 3]]
+    ids = torch.zeros(3, 8, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, tokens in enumerate(batch):
+        ids[row, : len(tokens)], mask[row, : len(tokens)] = torch.tensor(tokens), 1
+    with torch.inference_mode():
+        hidden = model(input_ids=ids, attention_mask=mask)[0]
+        if pooling == "cls":
+            expected = hidden[:, 0]
+        else:
+            expected = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+        got = packed(batch, 8, 4, pooling)  # 4 rows: one padding row
+        from_model = PackedBert.from_model(model)(batch, 8, 4, pooling)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(from_model, expected, atol=2e-5, rtol=1e-4)
