@@ -95,8 +95,10 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
-def run_reload(kube: Kube, name: str, rate: float, gate: bool) -> dict:
-    overrides = {} if gate else {"warmup": {"enabled": False}, "rollout": {"warmGate": False}}
+def run_reload(kube: Kube, name: str, rate: float, gate: bool, cpu: str) -> dict:
+    overrides: dict = {} if gate else {"warmup": {"enabled": False}, "rollout": {"warmGate": False}}
+    if cpu:  # each pod gets (and may use) `cpu` CPUs, as in a production manifest
+        overrides["resources"] = {"requests": {"cpu": cpu}, "limits": {"cpu": cpu}}
     kube.apply(embedding_service(name, "v1", **overrides))
     wait_ready(kube, name, "v1", replicas=2, timeout=600)
     url = f"http://127.0.0.1:{node_port(kube, name)}/v1/embeddings"
@@ -112,6 +114,7 @@ def run_reload(kube: Kube, name: str, rate: float, gate: bool) -> dict:
     return {
         "warm_gate_and_warmup": gate,
         "rate_per_s": rate,
+        "pod_cpu": cpu or None,
         "rollout_seconds": round(done - changed, 1),
         "before": phase_stats(report, 0, changed),
         "during": phase_stats(report, changed, done),
@@ -160,6 +163,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--no-control", action="store_true", help="skip the gate-off control")
+    parser.add_argument(
+        "--cpu",
+        default="1",
+        help="each pod's CPU request and limit ('' for the operator's default request only)",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
@@ -175,9 +183,9 @@ def main() -> int:
         kube = Kube(handle, "bench")
         operator = OperatorProcess(handle, "bench", work / "operator.log")
         operator.start()
-        results = [run_reload(kube, "gated", args.rate, gate=True)]
+        results = [run_reload(kube, "gated", args.rate, gate=True, cpu=args.cpu)]
         if not args.no_control:
-            results.append(run_reload(kube, "plain", args.rate, gate=False))
+            results.append(run_reload(kube, "plain", args.rate, gate=False, cpu=args.cpu))
     finally:
         if operator is not None:
             operator.stop()

@@ -93,13 +93,25 @@ async def post_embeddings(
         )
 
 
+def probe_lengths(shape: dict[str, int], unseen: bool) -> list[int]:
+    """Token counts of the texts of one probe request for `shape`.
+
+    Exact: `batch_size` texts of exactly `seq_len` tokens, the token count warmup ran. Unseen:
+    1 to 3 tokens shorter each, still in the same bucket, so the batch runs as the same padded
+    shape but carries a total token count no warmup ran (what a padding-free pass sees).
+    """
+    if not unseen:
+        return [shape["seq_len"]] * shape["batch_size"]
+    return [max(3, shape["seq_len"] - 1 - i % 3) for i in range(shape["batch_size"])]
+
+
 async def probe_shapes(
-    url: str, shapes: list[dict[str, int]], steady_runs: int = 10
+    url: str, shapes: list[dict[str, int]], steady_runs: int = 10, unseen: bool = False
 ) -> list[dict[str, Any]]:
     """First request of each shape (all shapes once, in plan order), then its steady median.
 
-    Each request carries `batch_size` texts of exactly `seq_len` tokens, so with batch padding
-    it runs as one batch of exactly that shape.
+    Each request carries `batch_size` texts (see `probe_lengths`) that fit `seq_len`, so with
+    batch padding it runs as one batch of exactly that shape.
     """
     results = []
     async with aiohttp.ClientSession() as session:
@@ -108,20 +120,20 @@ async def probe_shapes(
             await response.read()
         firsts = []
         for shape in shapes:
-            texts = [text_of_tokens(shape["seq_len"], i) for i in range(shape["batch_size"])]
+            lengths = probe_lengths(shape, unseen)
+            texts = [text_of_tokens(length, i) for i, length in enumerate(lengths)]
             firsts.append(await post_embeddings(session, url, texts))
         for shape, (first_ms, status, cold) in zip(shapes, firsts, strict=True):
             steady = []
+            lengths = probe_lengths(shape, unseen)
             for run in range(steady_runs):
-                texts = [
-                    text_of_tokens(shape["seq_len"], run + i + 1)
-                    for i in range(shape["batch_size"])
-                ]
+                texts = [text_of_tokens(length, run + i + 1) for i, length in enumerate(lengths)]
                 steady.append((await post_embeddings(session, url, texts))[0])
             steady_ms = statistics.median(steady)
             results.append(
                 {
                     **shape,
+                    "tokens": sum(lengths),
                     "first_ms": round(first_ms, 2),
                     "steady_ms": round(steady_ms, 2),
                     "ratio": round(first_ms / steady_ms, 3),
