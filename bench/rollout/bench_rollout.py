@@ -128,6 +128,7 @@ def run_reload(kube: Kube, name: str, rate: float, gate: bool, cpu: str) -> dict
             {
                 "at_s": round(sample.started - changed, 2),
                 "ms": round(sample.latency_ms, 1),
+                "server_ms": None if sample.server_ms is None else round(sample.server_ms, 1),
                 "pod": sample.pod,
                 "revision": sample.revision,
             }

@@ -30,10 +30,30 @@ class Sample:
     cold: bool | None
     pod: str | None
     error: str | None = None
+    server_ms: float | None = None
+    """The server's own time for the request (its Server-Timing header), when it sent one: the
+    rest of `latency_ms` is the network path (client, proxy) and waiting to be scheduled."""
 
     @property
     def ok(self) -> bool:
         return self.status == 200
+
+
+def server_timing_ms(header: str | None) -> float | None:
+    """The summed `dur` of a Server-Timing header ("embed;dur=12.5"), or None."""
+    if not header:
+        return None
+    total, found = 0.0, False
+    for metric in header.split(","):
+        for param in metric.split(";")[1:]:
+            name, _, value = param.strip().partition("=")
+            if name == "dur":
+                try:
+                    total += float(value)
+                    found = True
+                except ValueError:
+                    return None
+    return total if found else None
 
 
 @dataclass
@@ -139,6 +159,7 @@ class ConstantRateLoad:
                     revision=response.headers.get("X-Warmgate-Revision"),
                     cold=None if cold is None else cold == "1",
                     pod=response.headers.get("X-Warmgate-Pod"),
+                    server_ms=server_timing_ms(response.headers.get("Server-Timing")),
                 )
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             sample = Sample(

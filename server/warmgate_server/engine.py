@@ -144,9 +144,17 @@ class Engine:
                 return
             inputs = await self._in_model_thread(self.runner.warmup_inputs, shape)
             shape_started = time.perf_counter()
-            runs = await asyncio.gather(
-                *(self._settle(shape, inputs, worker, rule) for worker in range(self.workers))
-            )
+            tasks = [
+                asyncio.create_task(self._settle(shape, inputs, worker, rule))
+                for worker in range(self.workers)
+            ]
+            try:
+                runs = await asyncio.gather(*tasks)
+            except BaseException:  # one worker failed (out of memory...): stop the others too
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
             steady = max(steady_seconds(seconds, rule) for seconds in runs)
             spent = time.perf_counter() - shape_started
             count = sum(map(len, runs))

@@ -171,11 +171,14 @@ async def _embed(
             raise ApiError(429, message, "overloaded", "overloaded") from None
         vectors = finish_vectors(result.vectors, parsed.dimensions, parsed.normalize)
         headers["X-Warmgate-Cold"] = "1" if result.cold else "0"
-        body = render(runtime, parsed, (vectors, result.prompt_tokens))
+        encoded = dumps(render(runtime, parsed, (vectors, result.prompt_tokens)))
+        seconds = time.perf_counter() - started
         runtime.metrics.embedding_duration.labels(
             endpoint=request.path, phase="cold" if result.cold else "warm"
-        ).observe(time.perf_counter() - started)
-        return web.Response(body=dumps(body), content_type="application/json", headers=headers)
+        ).observe(seconds)
+        # The server's own share of the client's latency (the rest is network and proxies).
+        headers["Server-Timing"] = f"embed;dur={seconds * 1000.0:.1f}"
+        return web.Response(body=encoded, content_type="application/json", headers=headers)
     except ApiError as err:
         return web.json_response(error_body(err), status=err.status, headers=headers)
     except Exception as exc:

@@ -350,3 +350,12 @@ def test_cpu_quantities_and_pod_cpu_as_kubelet_sums_them() -> None:
     assert pod_cpu(pod(both, both)) == (500, 2000)
     assert (shares_for(0), shares_for(100), shares_for(2000)) == (2, 102, 2048)
     assert (quota_for(None), quota_for(5), quota_for(1500)) == (-1, 1000, 150000)
+
+
+def test_server_timing_header_is_read_as_milliseconds() -> None:
+    from warmgate_devcluster.loadgen import server_timing_ms
+
+    assert server_timing_ms("embed;dur=12.5") == 12.5
+    assert server_timing_ms('queue;dur=2, model;desc="forward";dur=8') == 10.0
+    assert server_timing_ms(None) is None and server_timing_ms("cache;desc=hit") is None
+    assert server_timing_ms("embed;dur=soon") is None

@@ -56,6 +56,8 @@ async def test_openai_embeddings_response(start_server) -> None:
     assert response.headers["X-Warmgate-Revision"] == "abc123"
     assert response.headers["X-Warmgate-Cold"] in ("0", "1")
     assert response.headers["X-Warmgate-Pod"]
+    name, duration = response.headers["Server-Timing"].split(";")
+    assert name == "embed" and float(duration.removeprefix("dur=")) > 0
     body = await response.json()
     assert body["object"] == "list" and body["model"] == "all-MiniLM-L6-v2"
     assert [item["index"] for item in body["data"]] == [0, 1]
