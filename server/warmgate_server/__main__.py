@@ -29,6 +29,15 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _loopback_url(host: str, port: int) -> str:
+    """A URL this process can reach itself at: loopback for a wildcard bind."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def _write_termination_message(message: str) -> None:
     """Kubernetes shows this file's text as the container's termination message (kubectl
     describe, and the pod status the operator reads), so the reason outlives the process."""
@@ -51,6 +60,7 @@ async def serve(config: ServerConfig) -> int:
     await runner.setup()
     await web.SockSite(runner, sock).start()
     log.info("listening on http://%s:%d", host, port)
+    app[RUNTIME].self_url = _loopback_url(host, port)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -10,10 +10,11 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
+import aiohttp
 from aiohttp import web
 
 from .config import ServerConfig
-from .context import RUNTIME, Runtime
+from .context import RUNTIME, WARMUP_HEADER, Runtime
 from .engine import Engine, finish_vectors
 from .lifecycle import DRAINING, LOADING, READY, WARMING, Lifecycle
 from .metrics import Metrics
@@ -127,6 +128,7 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
             lifecycle.enter(WARMING)
             await engine.warm(lifecycle, rule)
             await _warm_serving_path(engine)
+            await _warm_http_path(runtime)
             if lifecycle.phase != WARMING:
                 return
             log.info(
@@ -153,6 +155,31 @@ async def _warm_serving_path(engine: Engine) -> None:
     vectors = finish_vectors(result.vectors, None, True)
     dumps(openai_response(vectors, "warmup", result.prompt_tokens, as_base64=False))
     dumps(openai_response(vectors, "warmup", result.prompt_tokens, as_base64=True))
+
+
+async def _warm_http_path(runtime: Runtime) -> None:
+    """Real HTTP requests to this process's own port, through both APIs and both encodings:
+    the request parsing, validation, response building and metrics children that a user's
+    first request would otherwise set up. Marked with the warmup token, so they count nowhere.
+    A failure here is logged, not fatal: the model itself is warm."""
+    if runtime.self_url is None:
+        return
+    headers = {WARMUP_HEADER: runtime.warmup_token}
+    requests = (
+        ("/v1/embeddings", {"input": ["warm the http path", "and its batching"]}),
+        ("/v1/embeddings", {"input": "warm the http path", "encoding_format": "base64"}),
+        ("/embed", {"inputs": ["warm the http path"]}),
+    )
+    timeout = aiohttp.ClientTimeout(total=30)
+    try:
+        async with aiohttp.ClientSession(runtime.self_url, timeout=timeout) as session:
+            for path, body in requests:
+                async with session.post(path, json=body, headers=headers) as response:
+                    await response.read()
+                    if response.status != 200:
+                        log.warning("HTTP warmup %s answered %d", path, response.status)
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        log.warning("HTTP warmup through %s failed: %s", runtime.self_url, exc)
 
 
 async def drain(app: web.Application, seconds: float) -> bool:

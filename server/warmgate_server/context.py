@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -11,7 +12,7 @@ from aiohttp import web
 from .config import ServerConfig
 from .engine import Engine
 from .errors import ApiError
-from .lifecycle import Lifecycle
+from .lifecycle import WARMING, Lifecycle
 from .metrics import Metrics
 from .shapes import Shape
 
@@ -28,15 +29,26 @@ class Runtime:
     tokenizer_thread: ThreadPoolExecutor | None = None
     in_flight: int = 0
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    self_url: str | None = None
+    """Where this process listens, as a loopback URL (set once the port is bound): warmup sends
+    a few requests there, so the HTTP layer's first uses are paid before /ready too."""
+    warmup_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    """The `X-Warmgate-Warmup` value of those requests: they are served while warming and kept
+    out of the metrics and the served-shape profile. Nobody else knows it."""
+
+    def is_warmup(self, request: web.Request) -> bool:
+        return secrets.compare_digest(request.headers.get(WARMUP_HEADER, ""), self.warmup_token)
 
     @property
     def idle(self) -> bool:
         return self.in_flight == 0 and (self.engine is None or self.engine.scheduler.idle)
 
-    def admit(self) -> Engine:
-        """Let one embedding request in, or refuse it at once (503 not ready, 429 overloaded)."""
+    def admit(self, warmup: bool = False) -> Engine:
+        """Let one embedding request in, or refuse it at once (503 not ready, 429 overloaded).
+        The server's own warmup requests are let in while it warms."""
         lifecycle = self.lifecycle
-        if not lifecycle.accepts_embeddings or self.engine is None:
+        accepts = lifecycle.accepts_embeddings or (warmup and lifecycle.phase == WARMING)
+        if not accepts or self.engine is None:
             self.metrics.rejected.labels(reason="not_ready").inc()
             detail = f": {lifecycle.error}" if lifecycle.error else ""
             progress = f" ({len(lifecycle.warmed)}/{len(lifecycle.planned)} shapes warm)"
@@ -66,3 +78,4 @@ class Runtime:
 
 
 RUNTIME = web.AppKey("runtime", Runtime)
+WARMUP_HEADER = "X-Warmgate-Warmup"

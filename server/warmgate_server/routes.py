@@ -38,11 +38,13 @@ async def count_requests(request: web.Request, handler: Handler) -> web.StreamRe
     finally:
         resource = request.match_info.route.resource
         endpoint = resource.canonical if resource is not None else "unmatched"
-        metrics = request.app[RUNTIME].metrics
-        metrics.http_requests.labels(endpoint=endpoint, status=str(status)).inc()
-        metrics.http_duration.labels(endpoint=endpoint, status=str(status)).observe(
-            time.perf_counter() - started
-        )
+        runtime = request.app[RUNTIME]
+        if not runtime.is_warmup(request):  # the server's own warmup requests are not traffic
+            metrics = runtime.metrics
+            metrics.http_requests.labels(endpoint=endpoint, status=str(status)).inc()
+            metrics.http_duration.labels(endpoint=endpoint, status=str(status)).observe(
+                time.perf_counter() - started
+            )
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -152,14 +154,17 @@ async def _embed(
         "X-Warmgate-Pod": runtime.pod_name,
         "X-Warmgate-Cold": "0",
     }
+    warmup = runtime.is_warmup(request)
     try:
-        engine = runtime.admit()
+        engine = runtime.admit(warmup)
     except ApiError as err:
         return web.json_response(error_body(err), status=err.status, headers=headers)
     try:
         parsed = parse(await _read_json(request, runtime.config.payload_limit), _limits(runtime))
         try:
-            result = await engine.embed(parsed.texts, parsed.truncate, parsed.truncate_left)
+            result = await engine.embed(
+                parsed.texts, parsed.truncate, parsed.truncate_left, record=not warmup
+            )
         except InputTooLong as exc:
             raise validation(
                 f"input {exc.index} has {exc.length} tokens, above the limit of {exc.limit}: "
@@ -173,9 +178,10 @@ async def _embed(
         headers["X-Warmgate-Cold"] = "1" if result.cold else "0"
         encoded = dumps(render(runtime, parsed, (vectors, result.prompt_tokens)))
         seconds = time.perf_counter() - started
-        runtime.metrics.embedding_duration.labels(
-            endpoint=request.path, phase="cold" if result.cold else "warm"
-        ).observe(seconds)
+        if not warmup:
+            runtime.metrics.embedding_duration.labels(
+                endpoint=request.path, phase="cold" if result.cold else "warm"
+            ).observe(seconds)
         # The server's own share of the client's latency (the rest is network and proxies).
         headers["Server-Timing"] = f"embed;dur={seconds * 1000.0:.1f}"
         return web.Response(body=encoded, content_type="application/json", headers=headers)

@@ -68,6 +68,18 @@ def test_lifecycle_probes_cold_hits_and_sigterm_drain(minilm_dir: Path) -> None:
         planned = report["planned_shapes"]
         assert len(planned) == 8 and len(report["warmed_shapes"]) == 8
         assert report["warmup_seconds"] > 0 and report["model"]["revision"] == "r1"
+        # Warmup went through the HTTP layer too (its own requests to its own port), and none
+        # of that shows as traffic: no request counted, no served shape in the profile.
+        assert "HTTP warmup" not in server.log()
+        status, profile = server.get_json("/warmup/profile")
+        assert status == 200 and profile == {"shapes": []}
+        with urllib.request.urlopen(server.url + "/metrics", timeout=5) as response:
+            exposition = response.read().decode()
+        # (The 503 answered to this test's request while loading is counted: it was traffic.)
+        assert 'warmgate_http_requests_total{endpoint="/v1/embeddings",status="200"}' not in (
+            exposition
+        )
+        assert 'endpoint="/embed"' not in exposition
 
         async def traffic() -> tuple[list[tuple[int, str]], tuple[int, str], list[int]]:
             async with aiohttp.ClientSession(server.url) as session:
