@@ -12,8 +12,8 @@ BERT-family model starts without importing transformers' modeling stack (several
 per pod start), or from an already loaded Hugging Face model.
 
 Only on the CPU: on a GPU a matrix multiplication of a new row count is a new kernel choice,
-and the warmed shapes must be the shapes that run. On the CPU the row count picks no kernel
-(the first request of a new token count is no slower than the next; `make bench-server`).
+and the warmed shapes must be the shapes that run. On the CPU the row count picks no kernel;
+`make bench-server` probes token counts the warmup never ran (docs/benchmarks.md).
 """
 
 from __future__ import annotations
