@@ -31,7 +31,7 @@ from typing import Any
 from loadgen import REPO, SHORT_SENTENCES, closed_loop, markdown_table, probe_shapes
 
 from warmgate_server.config import ServerConfig
-from warmgate_server.runner import default_torch_threads, plan_threads, usable_cpus
+from warmgate_server.runner import plan_threads, usable_cpus
 from warmgate_server.testing import ServerProcess, minilm_path
 
 MFLOP_PER_TOKEN = 22.0
@@ -70,8 +70,8 @@ def machine() -> dict[str, Any]:
         if key.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "Core(s) per socket"):
             info[key.strip()] = value.strip()
     info["usable_cpus"] = usable_cpus()
-    info["server_torch_threads"] = default_torch_threads()
-    info["server_workers"] = plan_threads(ServerConfig(model="-"), "cpu").workers
+    plan = plan_threads(ServerConfig(model="-"), "cpu")  # the server's defaults here
+    info["server_torch_threads"], info["server_workers"] = plan.threads, plan.workers
     return info
 
 
@@ -440,7 +440,7 @@ def main() -> int:
     result: dict[str, Any] = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
     result["machine"] = machine()
     result["matmul_gflops"] = {
-        "server_threads": matmul_gflops(default_torch_threads()),
+        "server_threads": matmul_gflops(result["machine"]["server_torch_threads"]),
         "all_threads": matmul_gflops(usable_cpus()),
     }
     print(json.dumps(result), flush=True)

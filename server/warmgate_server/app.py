@@ -127,8 +127,8 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
         if config.warmup:
             lifecycle.enter(WARMING)
             await engine.warm(lifecycle, rule)
-            await _warm_serving_path(engine)
-            await _warm_http_path(runtime)
+            if not await _warm_http_path(runtime):  # no port of its own (in-process tests)
+                await _warm_serving_path(engine)
             if lifecycle.phase != WARMING:
                 return
             log.info(
@@ -149,21 +149,22 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
 
 
 async def _warm_serving_path(engine: Engine) -> None:
-    """One unrecorded request through tokenizer thread, batcher and response encoding, so the
-    first user request pays for none of their first-use costs either."""
+    """Without HTTP warmup: one unrecorded request through tokenizer thread, batcher and
+    response encoding, so the first user request pays for none of their first-use costs."""
     result = await engine.embed(["warm the serving path"], record=False)
     vectors = finish_vectors(result.vectors, None, True)
     dumps(openai_response(vectors, "warmup", result.prompt_tokens, as_base64=False))
     dumps(openai_response(vectors, "warmup", result.prompt_tokens, as_base64=True))
 
 
-async def _warm_http_path(runtime: Runtime) -> None:
+async def _warm_http_path(runtime: Runtime) -> bool:
     """Real HTTP requests to this process's own port, through both APIs and both encodings:
-    the request parsing, validation, response building and metrics children that a user's
-    first request would otherwise set up. Marked with the warmup token, so they count nowhere.
-    A failure here is logged, not fatal: the model itself is warm."""
+    tokenizer thread, batcher, and the request parsing, validation, response building and
+    metrics children that a user's first request would otherwise set up. Marked with the
+    warmup token, so they count nowhere. False when it could not run them all (logged, not
+    fatal: the model itself is warm)."""
     if runtime.self_url is None:
-        return
+        return False
     headers = {WARMUP_HEADER: runtime.warmup_token}
     requests = (
         ("/v1/embeddings", {"input": ["warm the http path", "and its batching"]}),
@@ -178,8 +179,11 @@ async def _warm_http_path(runtime: Runtime) -> None:
                     await response.read()
                     if response.status != 200:
                         log.warning("HTTP warmup %s answered %d", path, response.status)
+                        return False
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         log.warning("HTTP warmup through %s failed: %s", runtime.self_url, exc)
+        return False
+    return True
 
 
 async def drain(app: web.Application, seconds: float) -> bool:

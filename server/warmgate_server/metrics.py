@@ -106,7 +106,7 @@ class Metrics:
         )
         self.cold_hits = Counter(
             "warmgate_cold_hits",
-            "Batches that ran a shape for the first time in this process while serving "
+            "Batches that ran a shape for the first time on their model worker while serving "
             "(zero after warmup for every planned shape).",
             registry=registry,
         )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +132,7 @@ class PackedBert:
         row_of = np.repeat(np.arange(rows), lengths)
         position = np.arange(total) - starts[row_of]
         slot = torch.from_numpy(row_of * seq_len + position)  # index into (rows * seq_len)
-        token_ids = torch.from_numpy(np.fromiter(_chain(batch), dtype=np.int64, count=total))
+        token_ids = torch.from_numpy(np.fromiter(chain.from_iterable(batch), np.int64, total))
         keys = torch.from_numpy(np.arange(seq_len)[None, :] < lengths[:, None])
         keys = keys[:, None, None, :]  # (rows, 1, 1, seq_len): which keys each row attends
 
@@ -205,8 +206,3 @@ def _layer(state: Mapping[str, torch.Tensor], prefix: str) -> _Layer:
         output_bias=state[prefix + "output.dense.bias"],
         output_norm=_norm(state, prefix + "output.LayerNorm"),
     )
-
-
-def _chain(batch: Sequence[Sequence[int]]):
-    for ids in batch:
-        yield from ids

@@ -179,11 +179,6 @@ def plan_threads(config: ServerConfig, device_type: str, cpus: int | None = None
     return ThreadPlan(workers, threads)
 
 
-def default_torch_threads() -> int:
-    """The torch threads per worker a CPU server uses by default on this machine."""
-    return plan_threads(ServerConfig(model="-"), "cpu").threads
-
-
 def _pick_device(requested: str) -> torch.device:
     import torch
 

@@ -92,10 +92,6 @@ class Scheduler:
     def idle(self) -> bool:
         return self._queued == 0 and self._active == 0
 
-    @property
-    def busy_workers(self) -> int:
-        return self._active
-
     async def submit(self, token_ids: Sequence[Sequence[int]], record: bool = True) -> Embedded:
         """Queue one request's inputs (each within the largest bucket) and await its vectors.
 
