@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .gate import SERVER_CONTAINER, WARMED_CONDITION
 from .spec import API_VERSION, KIND, EmbeddingServiceSpec
 
-SERVER_CONTAINER = "server"
 SERVER_PORT = 8080
 SERVER_PORT_NAME = "http"
 SERVER_USER_ID = 10001
@@ -28,7 +28,6 @@ PROFILE_PATH = f"{PROFILE_DIR}/{PROFILE_KEY}"
 CACHE_DIR = "/var/cache/warmgate"
 MODELS_DIR = "/var/lib/warmgate/models"
 
-WARMED_CONDITION = "warmgate.dev/warmed"
 SPEC_HASH_ANNOTATION = "warmgate.dev/spec-hash"
 MODEL_ID_ANNOTATION = "warmgate.dev/model-id"
 MODEL_REVISION_ANNOTATION = "warmgate.dev/model-revision"

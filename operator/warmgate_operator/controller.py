@@ -59,7 +59,6 @@ class Controller:
         self._timers: dict[Key, asyncio.TimerHandle] = {}
         self._soon: dict[Key, asyncio.TimerHandle] = {}
         self.reconciles = 0
-        self.last_reconciled: dict[Key, float] = {}
 
     # -- what kopf's handlers call -------------------------------------------------------------
 
@@ -191,7 +190,6 @@ class Controller:
             self.enqueue_after(key, delay)
             return
         self.reconciles += 1
-        self.last_reconciled[key] = time.monotonic()
         if result.body is not None and key in self._bodies:
             self._remember(result.body)
         if result.requeue_after is not None:

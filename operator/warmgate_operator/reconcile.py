@@ -154,28 +154,35 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
         await ctx.recorder.record(body, "Warning", degraded["reason"], degraded["message"])
     new_body = None
     if status != body.get("status"):
-        new_body = await write_status(ctx.client, owner, status)
+        resource_version = (body.get("metadata") or {}).get("resourceVersion")
+        new_body = await write_status(ctx.client, owner, status, resource_version)
     return ReconcileResult(requeue_after=requeue, body=new_body)
 
 
 async def write_status(
-    client: KubeClient, owner: Owner, status: Mapping[str, Any]
+    client: KubeClient,
+    owner: Owner,
+    status: Mapping[str, Any],
+    resource_version: str | None = None,
 ) -> dict[str, Any] | None:
-    """Replace the whole status (a merge patch would keep stale keys and merge conditions)."""
+    """Replace the whole status (a merge patch would keep stale keys and merge conditions),
+    only if the object is still the `resource_version` the status was computed from: the
+    status carries fields other writers set (the traffic observer's observedShapes), which a
+    write from an older read would put back."""
+    operations: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": owner.uid}]
+    if resource_version is not None:
+        operations.append(
+            {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}
+        )
+    operations.append({"op": "add", "path": "/status", "value": dict(status)})
     try:
         return await client.json_patch(
-            EMBEDDING_SERVICE,
-            owner.namespace,
-            owner.name,
-            [
-                {"op": "test", "path": "/metadata/uid", "value": owner.uid},
-                {"op": "add", "path": "/status", "value": dict(status)},
-            ],
-            subresource="status",
+            EMBEDDING_SERVICE, owner.namespace, owner.name, operations, subresource="status"
         )
     except ApiError as error:
         if error.status in (404, 409, 422):
-            # Gone, or replaced by a new object of the same name: the next event reconciles it.
+            # Gone, replaced by a new object of the same name, or changed since it was read
+            # (the change's own watch event reconciles it again).
             logger.info("status of %s/%s not written: %s", owner.namespace, owner.name, error)
             return None
         raise

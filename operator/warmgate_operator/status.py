@@ -20,7 +20,6 @@ from .builders import (
 )
 from .spec import EmbeddingServiceSpec
 
-CONDITION_TYPES = ("Ready", "Progressing", "Warmed", "Degraded")
 # Waiting reasons that will not fix themselves: a person should look.
 FAILING_WAIT_REASONS = frozenset(
     {

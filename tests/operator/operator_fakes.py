@@ -105,8 +105,10 @@ class FakeClient:
         self._count("PATCH", kind.kind + (f"/{subresource}" if subresource else ""), name)
         obj = copy.deepcopy(self.objects[(kind.kind, namespace, name)])
         for op in operations:
-            if op["op"] == "test":
-                assert obj["metadata"]["uid"] == op["value"]
+            if op["op"] == "test":  # like the API server: a failed test is 422, nothing written
+                field = op["path"].removeprefix("/metadata/")
+                if obj["metadata"].get(field) != op["value"]:
+                    raise ApiError(422, "Invalid", f"test of {op['path']} failed")
             elif op["op"] == "add" and op["path"] == "/status":
                 obj["status"] = copy.deepcopy(op["value"])
         return self.put(kind, obj)

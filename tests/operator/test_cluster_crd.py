@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster_helpers import ROOT, example, install_crd
+from cluster_helpers import ROOT, example, get_json, install_crd
 
 pytestmark = pytest.mark.cluster
 
@@ -226,3 +226,48 @@ def test_kubectl_explain_teaches_the_api(devcluster: Any, crd: None) -> None:
     assert "warmup plan" in result.stdout
     result = devcluster.kubectl("explain", "emb.spec.probes.startupTimeoutSeconds")
     assert "failureThreshold" in result.stdout
+
+
+def test_a_status_computed_from_an_older_read_does_not_overwrite_a_newer_one(
+    devcluster: Any, crd: None, namespace: str
+) -> None:
+    """The traffic observer writes status.observedShapes between a reconcile's read and its
+    status write: the write from the older read is refused by the real API server and the
+    observer's shapes stay."""
+    import asyncio
+
+    from warmgate_operator.builders import Owner
+    from warmgate_operator.kube import EMBEDDING_SERVICE, KubeClient
+    from warmgate_operator.reconcile import write_status
+
+    body = example("racy")
+    body["metadata"]["namespace"] = namespace
+    devcluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+    read = get_json(devcluster, "embeddingservice", "racy", "-n", namespace)
+    assert read is not None
+    meta = read["metadata"]
+    owner = Owner(name="racy", namespace=namespace, uid=meta["uid"])
+    shapes = [{"batch_size": 8, "seq_len": 64, "count": 5}]
+    client = KubeClient(devcluster.api_client())
+    try:
+
+        async def race() -> tuple[Any, Any]:
+            observed = await client.json_patch(
+                EMBEDDING_SERVICE, namespace, "racy",
+                [{"op": "add", "path": "/status", "value": {"observedShapes": shapes}}],
+                subresource="status",
+            )  # fmt: skip
+            stale = await write_status(client, owner, {"replicas": 0}, meta["resourceVersion"])
+            fresh = await write_status(
+                client, owner, {**observed["status"], "replicas": 0},
+                observed["metadata"]["resourceVersion"],
+            )  # fmt: skip
+            return stale, fresh
+
+        stale, fresh = asyncio.run(race())
+    finally:
+        client.close()
+    assert stale is None  # refused: computed before the observer's write
+    assert fresh is not None and fresh["status"]["replicas"] == 0
+    final = get_json(devcluster, "embeddingservice", "racy", "-n", namespace)
+    assert final is not None and final["status"]["observedShapes"] == shapes
