@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import urllib.request
@@ -42,28 +42,11 @@ from e2e_support import (  # noqa: E402
 
 from warmgate_devcluster.cluster import DevCluster  # noqa: E402
 from warmgate_devcluster.loadgen import ConstantRateLoad, LoadReport  # noqa: E402
-from warmgate_devcluster.pytest_plugin import isolated_config, reserve_slot  # noqa: E402
-
-
-class Handle:
-    """The bits of the pytest fixture's handle that e2e_support needs."""
-
-    def __init__(self, cluster: DevCluster) -> None:
-        import os
-
-        self.cluster = cluster
-        self.env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
-
-    def kubectl(self, *args, check=True, input=None, timeout=120.0):
-        return subprocess.run(
-            [str(Path(self.cluster.bin_dir) / "kubectl"), *args],
-            env=self.env,
-            input=input,
-            capture_output=True,
-            text=True,
-            check=check,
-            timeout=timeout,
-        )
+from warmgate_devcluster.pytest_plugin import (  # noqa: E402
+    DevClusterHandle,
+    isolated_config,
+    reserve_slot,
+)
 
 
 def pod_warmups(kube: Kube, name: str) -> dict[str, float | None]:
@@ -177,7 +160,13 @@ def main() -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     try:
         cluster.up(log=lambda *_: None)
-        handle = Handle(cluster)
+        handle = DevClusterHandle(
+            cluster=cluster,
+            kubeconfig=str(cluster.kubeconfig),
+            env=dict(os.environ, KUBECONFIG=str(cluster.kubeconfig)),
+            bin_dir=cluster.bin_dir,
+            state_dir=work / "devcluster",
+        )
         handle.kubectl("apply", "--server-side", "-f", str(CRD))
         handle.kubectl("wait", "--for=condition=Established", "crd/embeddingservices.warmgate.dev")
         handle.kubectl("create", "namespace", "bench")
@@ -194,7 +183,7 @@ def main() -> int:
         signal.signal(signal.SIGTERM, previous)
     machine = {
         "cpu": platform.processor() or platform.machine(),
-        "cores": __import__("os").cpu_count(),
+        "cores": os.cpu_count(),
         "python": platform.python_version(),
     }
     out = ROOT / "bench" / "results"

@@ -176,7 +176,7 @@ class PodWorker:
             with contextlib.suppress(BaseException):
                 await status_task
             await self.kill_all(2.0)
-            if self.cgroup is not None and self.agent.cgroups is not None:
+            if self.cgroup is not None:  # made by agent.cgroups
                 self.agent.cgroups.remove(self.uid)
             self.agent.ipam.release(self.pod_ip)
             shutil.rmtree(self.pod_dir, ignore_errors=True)

@@ -8,14 +8,14 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
+from warmgate_devcluster.procs import free_ports
 from warmgate_devcluster.testkit import condition, get_json, wait_until  # noqa: F401 - re-exported
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,13 +23,9 @@ CHART = ROOT / "charts" / "warmgate"
 EXAMPLE = ROOT / "examples" / "minilm.yaml"
 OPERATOR_DOCKERFILE = ROOT / "operator" / "Dockerfile"
 
-T = TypeVar("T")
-
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def helm(cluster: Any, *args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
@@ -19,8 +19,6 @@ EXAMPLES = ROOT / "examples"
 CRD = ROOT / "crds" / "warmgate.dev_embeddingservices.yaml"
 # No entry in the devcluster's image map: pods stay in ErrImagePull and run no process.
 UNMAPPED_IMAGE = "registry.invalid/warmgate/not-mapped:1"
-
-T = TypeVar("T")
 
 
 def tiny_minilm(name: str, image: str | None = None) -> dict[str, Any]:
