@@ -33,27 +33,38 @@ class Sample:
     server_ms: float | None = None
     """The server's own time for the request (its Server-Timing header), when it sent one: the
     rest of `latency_ms` is the network path (client, proxy) and waiting to be scheduled."""
+    server_timing: dict[str, float] | None = None
+    """Every Server-Timing metric with a duration, in ms (warmgate-server: tokenize, queue,
+    model, model-cpu and embed, the total)."""
 
     @property
     def ok(self) -> bool:
         return self.status == 200
 
 
-def server_timing_ms(header: str | None) -> float | None:
-    """The summed `dur` of a Server-Timing header ("embed;dur=12.5"), or None."""
-    if not header:
-        return None
-    total, found = 0.0, False
-    for metric in header.split(","):
-        for param in metric.split(";")[1:]:
-            name, _, value = param.strip().partition("=")
-            if name == "dur":
+def server_timings(header: str | None) -> dict[str, float] | None:
+    """The metrics of a Server-Timing header that carry a duration ("embed;dur=12.5" ->
+    {"embed": 12.5}); None when there are none or a duration is not a number."""
+    found: dict[str, float] = {}
+    for metric in (header or "").split(","):
+        name, *params = metric.strip().split(";")
+        for param in params:
+            key, _, value = param.strip().partition("=")
+            if key == "dur":
                 try:
-                    total += float(value)
-                    found = True
+                    found[name.strip()] = float(value)
                 except ValueError:
                     return None
-    return total if found else None
+    return found or None
+
+
+def server_timing_ms(header: str | None) -> float | None:
+    """The server's total time from a Server-Timing header: its `embed` metric (warmgate-server's
+    whole request) when there is one, else the sum of every duration; None without any."""
+    timings = server_timings(header)
+    if timings is None:
+        return None
+    return timings["embed"] if "embed" in timings else sum(timings.values())
 
 
 @dataclass
@@ -160,6 +171,7 @@ class ConstantRateLoad:
                     cold=None if cold is None else cold == "1",
                     pod=response.headers.get("X-Warmgate-Pod"),
                     server_ms=server_timing_ms(response.headers.get("Server-Timing")),
+                    server_timing=server_timings(response.headers.get("Server-Timing")),
                 )
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             sample = Sample(

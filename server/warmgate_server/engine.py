@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
@@ -17,7 +17,7 @@ from .config import ServerConfig
 from .lifecycle import WARMING, Lifecycle, WarmedShape
 from .metrics import Metrics
 from .runner import BatchResult, LoadedModel, ModelLoadError, ModelRunner
-from .scheduler import Embedded, Scheduler
+from .scheduler import Embedded, Scheduler, StageTimes
 from .shapes import Shape, ShapePolicy
 from .warmup import SettleRule, should_stop, steady_seconds
 
@@ -30,6 +30,7 @@ class Embeddings:
     vectors: np.ndarray
     prompt_tokens: int
     cold: bool
+    timing: StageTimes = field(default_factory=StageTimes)
 
 
 def finish_vectors(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
@@ -121,17 +122,22 @@ class Engine:
         """Tokenize (tokenizer thread), batch, run (model thread). Raises InputTooLong."""
         loop = asyncio.get_running_loop()
         self._tokenizing += 1
+        started = time.monotonic()
         try:
             token_ids = await loop.run_in_executor(
                 self._tokenizer_thread, self.runner.tokenize, texts, truncate, truncate_left
             )
         finally:
             self._tokenizing -= 1
+        tokenize_seconds = time.monotonic() - started
         if record:
             for ids in token_ids:
                 self.metrics.input_tokens.observe(len(ids))
         embedded: Embedded = await self.scheduler.submit(token_ids, record=record)
-        return Embeddings(embedded.vectors, sum(map(len, token_ids)), embedded.cold)
+        embedded.timing.tokenize = tokenize_seconds
+        return Embeddings(
+            embedded.vectors, sum(map(len, token_ids)), embedded.cold, embedded.timing
+        )
 
     async def warm(self, lifecycle: Lifecycle, rule: SettleRule | None = None) -> None:
         """Run every planned shape through the serving path until its latency settles, on

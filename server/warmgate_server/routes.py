@@ -182,8 +182,9 @@ async def _embed(
             runtime.metrics.embedding_duration.labels(
                 endpoint=request.path, phase="cold" if result.cold else "warm"
             ).observe(seconds)
-        # The server's own share of the client's latency (the rest is network and proxies).
-        headers["Server-Timing"] = f"embed;dur={seconds * 1000.0:.1f}"
+        # The server's own share of the client's latency (the rest is network and proxies),
+        # and where it went.
+        headers["Server-Timing"] = result.timing.server_timing(seconds)
         return web.Response(body=encoded, content_type="application/json", headers=headers)
     except ApiError as err:
         return web.json_response(error_body(err), status=err.status, headers=headers)

@@ -308,8 +308,12 @@ class BatchResult:
     vectors: np.ndarray
     """(real inputs, hidden) pooled, float32, not normalised."""
     seconds: float
+    """Wall time of the forward pass, in the model thread."""
     first_time: bool
     """This shape ran for the first time in this process (a cold hit unless warming)."""
+    cpu_seconds: float = 0.0
+    """CPU time the model thread spent on it: well below `seconds` when the thread waited for a
+    CPU (other processes, a CPU limit) rather than computed."""
 
 
 class ModelRunner:
@@ -368,11 +372,16 @@ class ModelRunner:
         """Run one padded batch of `shape` in model worker `worker`'s thread; the first
         `len(batch)` rows are real inputs. A shape is warm per worker: each thread has its own
         allocator arena, BLAS buffers and thread team."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         first_time = (worker, shape) not in self._executed
         vectors = self._forward(batch, shape)
         self._executed.add((worker, shape))
-        return BatchResult(vectors, time.perf_counter() - started, first_time)
+        return BatchResult(
+            vectors,
+            time.perf_counter() - started,
+            first_time,
+            cpu_seconds=time.thread_time() - cpu_started,
+        )
 
     def _forward(self, batch: Sequence[Sequence[int]], shape: Shape) -> np.ndarray:
         import torch

@@ -28,12 +28,38 @@ class QueueFull(RuntimeError):
     pass
 
 
+@dataclass
+class StageTimes:
+    """Where a request's time went, in seconds; for a request split over several batches, the
+    slowest batch's figures (the batches run side by side or one after another)."""
+
+    tokenize: float = 0.0
+    queue: float = 0.0
+    """From being queued to its batch starting on a model worker."""
+    model: float = 0.0
+    """From its batch starting to its vectors being back on the event loop."""
+    model_cpu: float = 0.0
+    """CPU time of the forward pass (the model thread's)."""
+
+    def server_timing(self, total: float) -> str:
+        """A Server-Timing header value, in milliseconds, `embed` being the whole request."""
+        parts = [
+            ("tokenize", self.tokenize),
+            ("queue", self.queue),
+            ("model", self.model),
+            ("model-cpu", self.model_cpu),
+            ("embed", total),
+        ]
+        return ", ".join(f"{name};dur={seconds * 1000.0:.1f}" for name, seconds in parts)
+
+
 @dataclass(frozen=True)
 class Embedded:
     vectors: np.ndarray
     """(inputs, hidden) float32, in request order, not normalised."""
     cold: bool
     """At least one of the batches that served this request ran its shape for the first time."""
+    timing: StageTimes = field(default_factory=StageTimes)
 
 
 @dataclass
@@ -44,6 +70,7 @@ class _Request:
     recorded: bool = True
     vectors: np.ndarray | None = None
     cold: bool = False
+    timing: StageTimes = field(default_factory=StageTimes)
 
     @property
     def abandoned(self) -> bool:
@@ -232,6 +259,7 @@ class Scheduler:
     async def _run_batch(self, batch: list[_Item], worker: int = 0) -> None:
         bucket = max(item.bucket for item in batch)  # the smallest bucket that holds them all
         shape = self.policy.shape_for(len(batch), bucket)
+        started = time.monotonic()
         try:
             result = await self.execute([item.token_ids for item in batch], shape, worker)
         except asyncio.CancelledError:
@@ -251,10 +279,15 @@ class Scheduler:
             self.metrics.observe_batch(
                 shape, len(batch), real_tokens, result.seconds, result.first_time
             )
+        model_seconds = time.monotonic() - started
         for row, item in enumerate(batch):
             request = item.request
             if request.abandoned:
                 continue
+            timing = request.timing
+            timing.queue = max(timing.queue, started - item.enqueued)
+            timing.model = max(timing.model, model_seconds)
+            timing.model_cpu = max(timing.model_cpu, result.cpu_seconds)
             if request.vectors is None:
                 hidden = result.vectors.shape[1]
                 request.vectors = np.empty((request.size, hidden), dtype=np.float32)
@@ -262,7 +295,7 @@ class Scheduler:
             request.cold = request.cold or result.first_time
             request.remaining -= 1
             if request.remaining == 0:
-                request.future.set_result(Embedded(request.vectors, request.cold))
+                request.future.set_result(Embedded(request.vectors, request.cold, request.timing))
 
     def profile(self) -> dict[str, list[dict[str, int]]]:
         """The served shapes with counts, most frequent first (the warmup profile format)."""

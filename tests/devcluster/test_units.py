@@ -359,3 +359,6 @@ def test_server_timing_header_is_read_as_milliseconds() -> None:
     assert server_timing_ms('queue;dur=2, model;desc="forward";dur=8') == 10.0
     assert server_timing_ms(None) is None and server_timing_ms("cache;desc=hit") is None
     assert server_timing_ms("embed;dur=soon") is None
+    # warmgate-server's stages add up to its `embed` total, which is what counts, not their sum
+    stages = "tokenize;dur=0.4, queue;dur=0.1, model;dur=14.0, model-cpu;dur=13.5, embed;dur=15.2"
+    assert server_timing_ms(stages) == 15.2

@@ -56,8 +56,16 @@ async def test_openai_embeddings_response(start_server) -> None:
     assert response.headers["X-Warmgate-Revision"] == "abc123"
     assert response.headers["X-Warmgate-Cold"] in ("0", "1")
     assert response.headers["X-Warmgate-Pod"]
-    name, duration = response.headers["Server-Timing"].split(";")
-    assert name == "embed" and float(duration.removeprefix("dur=")) > 0
+    timings = {
+        name: float(duration.removeprefix("dur="))
+        for name, duration in (
+            metric.strip().split(";") for metric in response.headers["Server-Timing"].split(",")
+        )
+    }
+    assert list(timings) == ["tokenize", "queue", "model", "model-cpu", "embed"]
+    assert timings["model"] > 0 and timings["model-cpu"] > 0
+    # the stages happen one after another inside the whole request
+    assert timings["tokenize"] + timings["queue"] + timings["model"] <= timings["embed"] + 0.3
     body = await response.json()
     assert body["object"] == "list" and body["model"] == "all-MiniLM-L6-v2"
     assert [item["index"] for item in body["data"]] == [0, 1]
