@@ -7,9 +7,15 @@ that starts up (imports, weight loading, a warmup using every core) gets its sha
 and no more, however many threads it runs, and a serving pod that wakes for a request is not
 queued behind them.
 
+The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) runs on
+machines of its own in a real cluster, not on the node that serves. Here it shares the node, so
+it gets a cgroup of its own with a small weight (`control_plane_group`): it still uses every
+cycle the pods leave idle, but when the CPUs are contested (a rollout: surge pods starting, and
+the control plane busy with the very same rollout) it cannot crowd the serving pods out.
+
 Used when this process may create cgroups under the `cpu` controller (root, cgroup v1, as on
-the development machines); otherwise `CpuCgroups.create` returns None and pods share the CPUs
-thread by thread, as before.
+the development machines); otherwise `CpuCgroups.create` and `control_plane_group` return None
+and processes share the CPUs thread by thread.
 """
 
 from __future__ import annotations
@@ -125,6 +131,30 @@ class CpuCgroups:
             path.rmdir()
 
 
+def control_plane_group(name: str, shares: int, mount: Path = V1_CPU) -> Path | None:
+    """The cgroup `name` with `shares` (a fresh one: a leftover of a stopped cluster is
+    replaced), or None when cgroups cannot be made here."""
+    path = mount / name
+    remove_group(path, mount)
+    try:
+        path.mkdir()
+        (path / "cpu.shares").write_text(str(max(MIN_SHARES, shares)))
+    except OSError as exc:
+        log.info("control plane not in a cgroup of its own (cannot create %s: %s)", path, exc)
+        return None
+    return path
+
+
+def remove_group(path: Path, mount: Path = V1_CPU) -> None:
+    """Remove a cgroup; processes still in it move to the root of the hierarchy."""
+    with contextlib.suppress(OSError):
+        for pid in (path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (mount / "cgroup.procs").write_text(pid)
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
 def launch_in(cgroup: Path, argv: list[str]) -> list[str]:
     """`argv` run inside `cgroup`: a shell joins the cgroup, then execs the command (same pid),
     so the process is in its pod's cgroup before its first instruction of real work."""
@@ -135,3 +165,7 @@ def cluster_group_name(state_dir: Path) -> str:
     """One parent cgroup per devcluster state folder (several clusters may run at once)."""
     digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
     return f"warmgate-devcluster-{digest}"
+
+
+def control_plane_group_name(state_dir: Path) -> str:
+    return f"{cluster_group_name(state_dir)}-control-plane"

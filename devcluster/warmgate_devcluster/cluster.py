@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmgate_devcluster import cgroups, procs
 from warmgate_devcluster import controlplane as cp
-from warmgate_devcluster import procs
 from warmgate_devcluster.binaries import find_bin_dir
 from warmgate_devcluster.config import PACKAGE_DIR, ClusterConfig
 from warmgate_devcluster.models import seed_default_models
@@ -174,7 +174,15 @@ class DevCluster:
         runtime = {"bin_dir": str(bin_dir), "ports": ports.__dict__, "procs": {}}
         self._write_runtime(runtime)
 
+        group = None
+        if cfg.control_plane_cpu_shares:
+            group = cgroups.control_plane_group(
+                cgroups.control_plane_group_name(cfg.state_dir), cfg.control_plane_cpu_shares
+            )
+
         def launch(name: str, argv: list[str], env: dict[str, str] | None = None):
+            if name in CONTROL_PLANE and group is not None:
+                argv = cgroups.launch_in(group, argv)
             record, child = procs.spawn(
                 name, argv, cfg.logs_dir / f"{name}.log", env=env, cwd=cfg.state_dir
             )
@@ -326,6 +334,7 @@ class DevCluster:
             stopped_any = True
             procs.stop(record, grace=2.0)
             log(f"stopped leftover pod process {record.name} (pid {record.pid})")
+        cgroups.remove_group(cgroups.V1_CPU / cgroups.control_plane_group_name(self.state_dir))
         runtime = self.runtime()
         if runtime.get("procs"):
             runtime["procs"] = {}

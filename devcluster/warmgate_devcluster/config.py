@@ -58,6 +58,10 @@ class ClusterConfig:
     node_memory: str = "64Gi"
     node_pods: str = "110"
     node_gpus: str = "0"
+    # cpu.shares of the control plane's cgroup (1024 = one CPU's weight; 0: no cgroup of its
+    # own). On a real cluster the control plane runs on other machines; a small weight here lets
+    # it use idle CPU without crowding out serving pods when the CPUs are contested.
+    control_plane_cpu_shares: int = 256
     # Seconds to wait for each control-plane component to report healthy.
     start_timeout: float = 180.0
 
@@ -74,6 +78,8 @@ class ClusterConfig:
         low, _, high = self.node_port_range.partition("-")
         if not (low.isdigit() and high.isdigit() and 0 < int(low) < int(high) < 65536):
             raise ValueError(f"node_port_range {self.node_port_range!r} must look like 30000-32767")
+        if self.control_plane_cpu_shares < 0:
+            raise ValueError("control_plane_cpu_shares must be >= 0 (0: no cgroup of its own)")
         if self.restart_backoff_base <= 0 or self.restart_backoff_max < self.restart_backoff_base:
             raise ValueError(
                 "restart_backoff_base must be > 0 and restart_backoff_max >= restart_backoff_base"
@@ -122,6 +128,8 @@ class ClusterConfig:
                 value = Path(value).expanduser().resolve()
             elif f.name in ("restart_backoff_base", "restart_backoff_max", "start_timeout"):
                 value = float(value)
+            elif f.name == "control_plane_cpu_shares":
+                value = int(value)
             else:
                 value = str(value)
             kwargs[f.name] = value

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -121,3 +123,16 @@ def container_pid(pod) -> int | None:
     if not statuses or not statuses[0].container_id:
         return None
     return int(statuses[0].container_id.rsplit("/", 1)[1])
+
+
+CGROUPS_WRITABLE = os.geteuid() == 0 and os.access("/sys/fs/cgroup/cpu", os.W_OK)
+NO_CGROUPS = "CPU cgroups need root and a writable cgroup v1 cpu controller"
+
+
+def cpu_cgroup(pid: int) -> Path | None:
+    """The cgroup v1 `cpu` folder a process is in (None: the root of the hierarchy)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _hierarchy, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(",") and path != "/":
+            return Path("/sys/fs/cgroup/cpu") / path.lstrip("/")
+    return None

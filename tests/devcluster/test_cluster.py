@@ -4,7 +4,6 @@ gates, EndpointSlices, the service proxy, restarts, termination and rolling upda
 from __future__ import annotations
 
 import ipaddress
-import os
 import threading
 import time
 import urllib.error
@@ -13,8 +12,11 @@ from pathlib import Path
 
 import pytest
 from dc_helpers import (
+    CGROUPS_WRITABLE,
+    NO_CGROUPS,
     condition,
     container_pid,
+    cpu_cgroup,
     deployment_manifest,
     http_json,
     nodeport_service,
@@ -457,19 +459,7 @@ def test_init_container_prepares_an_empty_dir(devcluster, namespace, core):
     assert status == 200 and body["content"].strip() == "prepared-by-init"
 
 
-def cpu_cgroup(pid: int) -> Path | None:
-    """The cgroup v1 `cpu` folder a process is in (None: the root, i.e. no pod cgroup)."""
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _hierarchy, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(",") and path != "/":
-            return Path("/sys/fs/cgroup/cpu") / path.lstrip("/")
-    return None
-
-
-@pytest.mark.skipif(
-    not (os.geteuid() == 0 and os.access("/sys/fs/cgroup/cpu", os.W_OK)),
-    reason="per-pod CPU cgroups need root and a writable cgroup v1 cpu controller",
-)
+@pytest.mark.skipif(not CGROUPS_WRITABLE, reason=NO_CGROUPS)
 def test_each_pod_gets_a_cpu_cgroup_with_kubelet_shares_and_quota(devcluster, namespace, core):
     limited = server_container()
     limited["resources"] = {"requests": {"cpu": "500m"}, "limits": {"cpu": "1500m"}}

@@ -9,10 +9,11 @@ import sys
 import time
 
 import pytest
-from dc_helpers import pod_manifest, server_container, wait_for
+from dc_helpers import CGROUPS_WRITABLE, cpu_cgroup, pod_manifest, server_container, wait_for
 
 from warmgate_devcluster import procs
-from warmgate_devcluster.cluster import COMPONENTS, DevCluster, agent_env
+from warmgate_devcluster.cgroups import V1_CPU, control_plane_group_name
+from warmgate_devcluster.cluster import AGENTS, COMPONENTS, CONTROL_PLANE, DevCluster, agent_env
 from warmgate_devcluster.pytest_plugin import isolated_config, reserve_slot
 
 pytestmark = pytest.mark.cluster
@@ -29,6 +30,13 @@ def test_up_status_down_leave_no_process(tmp_path):
         health = {item.name: item for item in cluster.status()}
         assert set(health) == set(COMPONENTS)
         assert all(item.running and item.healthy for item in health.values()), health
+        group = V1_CPU / control_plane_group_name(cluster.state_dir)
+        if CGROUPS_WRITABLE:
+            # The control plane shares the node at a small weight; the agents (kubelet's and
+            # kube-proxy's stand-ins, on the request path) do not.
+            assert (group / "cpu.shares").read_text().strip() == "256"
+            assert {cpu_cgroup(health[name].pid) for name in CONTROL_PLANE} == {group}
+            assert all(cpu_cgroup(health[name].pid) != group for name in AGENTS)
 
         # A pod process, so that tear-down has one to stop as well.
         manifest = pod_manifest("leftover", server_container())
@@ -42,6 +50,7 @@ def test_up_status_down_leave_no_process(tmp_path):
         slot.release()
     assert not [pid for pid in pids if procs.pid_running(pid)]
     assert cluster.leftover_pod_processes() == []
+    assert not group.exists()
     assert cluster.down(log=lambda *_: None) is False
     print(f"devcluster start: {start_seconds:.1f}s")
 

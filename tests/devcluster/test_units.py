@@ -4,6 +4,7 @@ endpoint choice, image map. No cluster needed."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from decimal import Decimal
 
 import pytest
@@ -315,6 +316,17 @@ def test_config_rejects_bad_blocks():
         ClusterConfig(pod_cidr="127.0.0.0/16")
     with pytest.raises(ValueError, match="node_port_range"):
         ClusterConfig(node_port_range="30000")
+    with pytest.raises(ValueError, match="control_plane_cpu_shares"):
+        ClusterConfig(control_plane_cpu_shares=-1)
+
+
+def test_control_plane_weight_comes_from_the_environment_as_a_number(tmp_path):
+    environ = {"WARMGATE_DEVCLUSTER_CONTROL_PLANE_CPU_SHARES": "0"}
+    config = ClusterConfig.from_env(environ, state_dir=tmp_path)
+    assert config.control_plane_cpu_shares == 0  # no cgroup of its own
+    # the agents read the configuration back from cluster.json
+    again = ClusterConfig.from_dict(json.loads(ClusterConfig(state_dir=tmp_path).to_json()))
+    assert again.control_plane_cpu_shares == 256
 
 
 def test_pod_ips_are_unique_loopback_addresses_and_reused_last():
