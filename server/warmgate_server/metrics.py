@@ -104,6 +104,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+        self.inference_cpu = Counter(
+            "warmgate_inference_cpu_seconds",
+            "CPU time of the model threads' forward passes while serving. Divided by "
+            "warmgate_inference_duration_seconds_sum: the share of forward-pass time spent "
+            "computing; well below 1, the pod waits for a CPU (neighbours, its CPU limit).",
+            registry=registry,
+        )
         self.cold_hits = Counter(
             "warmgate_cold_hits",
             "Batches that ran a shape for the first time on their model worker while serving "
@@ -142,13 +149,20 @@ class Metrics:
         self.ready.set(1 if phase == "ready" else 0)
 
     def observe_batch(
-        self, shape: Shape, real_inputs: int, real_tokens: int, seconds: float, cold: bool
+        self,
+        shape: Shape,
+        real_inputs: int,
+        real_tokens: int,
+        seconds: float,
+        cold: bool,
+        cpu_seconds: float = 0.0,
     ) -> None:
         phase = "cold" if cold else "warm"
         self.batch_size.observe(real_inputs)
         self.batch_tokens.observe(shape.tokens)
         self.padding_ratio.observe(1.0 - real_tokens / shape.tokens)
         self.inference_duration.labels(shape=shape.key, phase=phase).observe(seconds)
+        self.inference_cpu.inc(cpu_seconds)
         self.batches.labels(phase=phase).inc()
         if cold:
             self.cold_hits.inc()

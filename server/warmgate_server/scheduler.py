@@ -277,7 +277,12 @@ class Scheduler:
             self.served[shape] += 1
             real_tokens = sum(len(item.token_ids) for item in batch)
             self.metrics.observe_batch(
-                shape, len(batch), real_tokens, result.seconds, result.first_time
+                shape,
+                len(batch),
+                real_tokens,
+                result.seconds,
+                result.first_time,
+                cpu_seconds=result.cpu_seconds,
             )
         model_seconds = time.monotonic() - started
         for row, item in enumerate(batch):

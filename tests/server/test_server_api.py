@@ -129,6 +129,17 @@ async def test_info_models_profile_and_metrics(start_server) -> None:
         "warmgate_cold_hits_total 0.0",
     ):
         assert name in text, name
+    samples = dict(
+        line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#")
+    )
+    wall = sum(
+        float(value)
+        for key, value in samples.items()
+        if key.startswith("warmgate_inference_duration_seconds_sum")
+    )
+    cpu = float(samples["warmgate_inference_cpu_seconds_total"])
+    # the served batch took CPU time in its model thread, and no more than its wall time
+    assert 0 < cpu <= wall * 1.05 + 0.001
 
 
 BAD_OPENAI = [
