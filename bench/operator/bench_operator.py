@@ -31,8 +31,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "devcluster")]
 
+from warmgate_devcluster.testkit import UNMAPPED_IMAGE  # noqa: E402
+
 CRD_FILE = ROOT / "crds" / "warmgate.dev_embeddingservices.yaml"
-UNMAPPED_IMAGE = "registry.invalid/warmgate/not-mapped:1"
 NAMESPACE = "bench-operator"
 TARGETS = {"converge_seconds": 60.0, "peak_rss_mib": 200.0, "quiet_writes_per_es": 10.0}
 

@@ -38,11 +38,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 from e2e_support import (  # noqa: E402
-    CRD,
     Kube,
     OperatorProcess,
     condition,
     embedding_service,
+    install_crd,
     node_port,
     wait_for,
     wait_ready,
@@ -245,8 +245,7 @@ def main() -> int:
             bin_dir=cluster.bin_dir,
             state_dir=work / "devcluster",
         )
-        handle.kubectl("apply", "--server-side", "-f", str(CRD))
-        handle.kubectl("wait", "--for=condition=Established", "crd/embeddingservices.warmgate.dev")
+        install_crd(handle)
         handle.kubectl("create", "namespace", "bench")
         kube = Kube(handle, "bench")
         operator = OperatorProcess(handle, "bench", work / "operator.log")

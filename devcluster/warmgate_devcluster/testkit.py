@@ -1,12 +1,23 @@
 """What the cluster tests and benchmarks share: waiting with a deadline (never a bare sleep),
-reading objects as JSON through kubectl, and finding a condition."""
+reading objects as JSON through kubectl, finding a condition, and warmgate's own pieces on a
+devcluster (the CRD, a small MiniLM EmbeddingService, the operator as a process)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+import yaml
+
+from warmgate_devcluster.config import repo_root
 
 T = TypeVar("T")
 
@@ -44,3 +55,99 @@ def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
         if item.get("type") == kind:
             return item
     return {}
+
+
+# ------------------------------------------------------- warmgate on a devcluster, for tests
+UNMAPPED_IMAGE = "registry.invalid/warmgate/not-mapped:1"
+"""An image the devcluster's image map does not know: its pods are created and stay in
+ErrImagePull, running no process (objects to reconcile without real servers on 2 cores)."""
+
+
+def _checkout_file(relative: str) -> Path:
+    root = repo_root()
+    if root is None:
+        raise RuntimeError(f"{relative} is read from a warmgate checkout; none found")
+    return root / relative
+
+
+def install_crd(cluster: Any) -> None:
+    """Apply the EmbeddingService CRD (server-side) and wait until it is Established."""
+    crd = _checkout_file("crds/warmgate.dev_embeddingservices.yaml")
+    result = cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", str(crd), check=False
+    )
+    assert result.returncode == 0, f"CRD rejected: {result.stderr}"
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/embeddingservices.warmgate.dev"
+    )
+
+
+def tiny_minilm(name: str = "minilm", image: str | None = None) -> dict[str, Any]:
+    """examples/minilm.yaml, shrunk so one real server pod warms fast on a 2-core machine:
+    one replica, batch size 1, buckets 16 and 32 (two shapes), 1 s probes."""
+    body = yaml.safe_load(_checkout_file("examples/minilm.yaml").read_text())
+    body["metadata"]["name"] = name
+    spec = body["spec"]
+    spec["replicas"] = 1
+    spec["model"]["maxInputLength"] = 32
+    spec["batching"].update(maxBatchSize=1, maxBatchTokens=64)
+    spec["warmup"].update(batchSizes=[1], sequenceBuckets=[16, 32])
+    spec["probes"].update(periodSeconds=1)
+    if image:
+        spec["image"] = image
+    return body
+
+
+class OperatorProcess:
+    """`python -m warmgate_operator ARGS` against a cluster (its `env`: KUBECONFIG), output in
+    `log_path`, in a session of its own and stopped by its pid."""
+
+    def __init__(self, cluster: Any, log_path: Path, *args: str) -> None:
+        self.env = dict(cluster.env, PYTHONUNBUFFERED="1")
+        self.log_path = log_path
+        self.args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Self:
+        assert not self.alive(), "already running"
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "warmgate_operator", *self.args],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
+        """Signal it (SIGKILL after `timeout` seconds) and return its exit code."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            os.kill(proc.pid, sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout)
+        return proc.returncode
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        """The log's JSON lines (with `--log-format json`)."""
+        lines = []
+        for line in self.log().splitlines():
+            with contextlib.suppress(ValueError):
+                lines.append(json.loads(line))
+        return lines

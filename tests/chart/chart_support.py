@@ -16,11 +16,16 @@ from typing import Any
 import yaml
 
 from warmgate_devcluster.procs import free_ports
-from warmgate_devcluster.testkit import condition, get_json, wait_until  # noqa: F401 - re-exported
+from warmgate_devcluster.testkit import (  # noqa: F401 - re-exported
+    UNMAPPED_IMAGE,
+    condition,
+    get_json,
+    tiny_minilm,
+    wait_until,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "warmgate"
-EXAMPLE = ROOT / "examples" / "minilm.yaml"
 OPERATOR_DOCKERFILE = ROOT / "operator" / "Dockerfile"
 
 
@@ -40,20 +45,6 @@ def helm(cluster: Any, *args: str, check: bool = True) -> subprocess.CompletedPr
     if check and result.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
     return result
-
-
-def tiny_minilm(name: str = "minilm") -> dict[str, Any]:
-    """examples/minilm.yaml, shrunk so one real server pod warms fast on a 2-core machine:
-    one replica, batch size 1, buckets 16 and 32 (two shapes)."""
-    body = yaml.safe_load(EXAMPLE.read_text())
-    body["metadata"]["name"] = name
-    spec = body["spec"]
-    spec["replicas"] = 1
-    spec["model"]["maxInputLength"] = 32
-    spec["batching"].update(maxBatchSize=1, maxBatchTokens=64)
-    spec["warmup"].update(batchSizes=[1], sequenceBuckets=[16, 32])
-    spec["probes"].update(periodSeconds=1)
-    return body
 
 
 def image_entrypoint(dockerfile: Path = OPERATOR_DOCKERFILE) -> list[str]:

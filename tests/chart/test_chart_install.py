@@ -19,6 +19,7 @@ import yaml
 from chart_support import (
     CHART,
     ROOT,
+    UNMAPPED_IMAGE,
     InstalledOperator,
     condition,
     free_port,
@@ -223,8 +224,7 @@ def test_watching_one_namespace_runs_on_a_role_there_and_nothing_more(
         )
         operator = InstalledOperator(deployment, kubeconfig, tmp_path / "operator.log").start()
         assert f"--namespace={namespace}" in operator.argv
-        body = tiny_minilm("minilm")
-        body["spec"]["image"] = "registry.invalid/warmgate/not-mapped:1"
+        body = tiny_minilm("minilm", image=UNMAPPED_IMAGE)
         devcluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
 
         def degraded_status() -> dict[str, Any] | None:

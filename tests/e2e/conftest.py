@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from e2e_support import CRD, Kube, OperatorProcess
+from e2e_support import Kube, OperatorProcess, install_crd
 
 
 @pytest.fixture(scope="session")
 def crd(devcluster) -> None:
-    devcluster.kubectl("apply", "--server-side", "-f", str(CRD))
+    install_crd(devcluster)
     devcluster.kubectl(
         "wait", "--for=condition=Established", "crd/embeddingservices.warmgate.dev", "--timeout=60s"
     )
@@ -29,5 +29,5 @@ def operator(devcluster, namespace, crd, tmp_path) -> Iterator[OperatorProcess]:
         yield process
     finally:
         process.stop()
-        if process.process is not None and process.process.returncode not in (0, -15):
+        if process.returncode not in (None, 0, -15):
             print(process.log()[-5000:])

@@ -4,20 +4,19 @@ and waiting on conditions with deadlines (never a bare sleep)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from warmgate_devcluster.testkit import condition
+from warmgate_devcluster import testkit
+from warmgate_devcluster.testkit import (
+    condition,
+    install_crd,  # noqa: F401 - re-exported
+)
 from warmgate_devcluster.testkit import wait_until as wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "warmgate.dev_embeddingservices.yaml"
 
 
 class Kube:
@@ -79,46 +78,17 @@ def embedding_service(name: str, revision: str = "v1", **spec_overrides: Any) ->
     }
 
 
-class OperatorProcess:
-    """`python -m warmgate_operator` against the devcluster, stopped by pid."""
+class OperatorProcess(testkit.OperatorProcess):
+    """`python -m warmgate_operator` watching one namespace of the devcluster, stopped by pid."""
 
     def __init__(self, devcluster: Any, namespace: str, log_path: Path) -> None:
-        self.devcluster = devcluster
-        self.namespace = namespace
-        self.log_path = log_path
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        assert self.process is None or self.process.poll() is not None
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "warmgate_operator",
-                f"--namespace={self.namespace}",
-                "--log-format=text",
-                "--resync-seconds=30",
-            ],
-            env=self.devcluster.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        super().__init__(
+            devcluster,
+            log_path,
+            f"--namespace={namespace}",
+            "--log-format=text",
+            "--resync-seconds=30",
         )
-        log.close()
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 def node_port(kube: Kube, name: str) -> int:

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import yaml
 from kubectl_support import (
-    CRD,
     EXAMPLES,
     UNMAPPED_IMAGE,
     Operator,
     get_json,
+    install_crd,
     tiny_minilm,
     wait_until,
 )
@@ -33,10 +33,7 @@ def ns(devcluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
     """A namespace with the CRD installed and an operator watching it (module-scoped, so the
     tests share one warming server pod)."""
     name = f"kubectl-{uuid.uuid4().hex[:8]}"
-    devcluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    devcluster.kubectl(
-        "wait", "--for=condition=Established", "crd/embeddingservices.warmgate.dev", "--timeout=60s"
-    )
+    install_crd(devcluster)
     devcluster.kubectl("create", "namespace", name)
     operator = Operator(devcluster, name, tmp_path_factory.mktemp("kubectl") / "operator.log")
     try:
