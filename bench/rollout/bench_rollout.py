@@ -100,18 +100,16 @@ class StatusWatch:
     def rolled_out(self, revision: str, replicas: int) -> bool:
         """The rollout to `revision` is complete, by Deployment rules: every pod that is not
         terminating is updated and ready, and the EmbeddingService is Ready."""
-        emb = self.latest or {}
+        emb = self.latest
+        if emb is None:
+            return False
         status = emb.get("status") or {}
         return (
-            (
-                status.get("observedGeneration") == emb["metadata"]["generation"]
-                and emb["spec"]["model"].get("revision") == revision
-                and condition(emb, "Ready").get("status") == "True"
-                and status.get("replicas") == status.get("updatedReplicas") == replicas
-                and status.get("readyReplicas") == replicas
-            )
-            if emb
-            else False
+            status.get("observedGeneration") == emb["metadata"]["generation"]
+            and emb["spec"]["model"].get("revision") == revision
+            and condition(emb, "Ready").get("status") == "True"
+            and status.get("replicas") == status.get("updatedReplicas") == replicas
+            and status.get("readyReplicas") == replicas
         )
 
     def close(self) -> None:
@@ -238,13 +236,7 @@ def main() -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     try:
         cluster.up(log=lambda *_: None)
-        handle = DevClusterHandle(
-            cluster=cluster,
-            kubeconfig=str(cluster.kubeconfig),
-            env=dict(os.environ, KUBECONFIG=str(cluster.kubeconfig)),
-            bin_dir=cluster.bin_dir,
-            state_dir=work / "devcluster",
-        )
+        handle = DevClusterHandle.of(cluster)
         install_crd(handle)
         handle.kubectl("create", "namespace", "bench")
         kube = Kube(handle, "bench")

@@ -109,26 +109,18 @@ class CpuCgroups:
 
     def remove(self, uid: str) -> None:
         """Remove a pod's cgroup once its processes are gone (stragglers go to the parent)."""
-        self._remove(self.root / uid)
+        remove_group(self.root / uid, self.root)
 
     def prune(self) -> None:
         """Pod cgroups a previous agent left behind."""
         for child in self.root.iterdir():
             if child.is_dir():
-                self._remove(child)
+                remove_group(child, self.root)
 
     def close(self) -> None:
         self.prune()
         with contextlib.suppress(OSError):
             self.root.rmdir()
-
-    def _remove(self, path: Path) -> None:
-        with contextlib.suppress(OSError):
-            for pid in (path / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):
-                    (self.root / "cgroup.procs").write_text(pid)
-        with contextlib.suppress(OSError):
-            path.rmdir()
 
 
 def control_plane_group(name: str, shares: int, mount: Path = V1_CPU) -> Path | None:
@@ -145,12 +137,12 @@ def control_plane_group(name: str, shares: int, mount: Path = V1_CPU) -> Path | 
     return path
 
 
-def remove_group(path: Path, mount: Path = V1_CPU) -> None:
-    """Remove a cgroup; processes still in it move to the root of the hierarchy."""
+def remove_group(path: Path, parent: Path = V1_CPU) -> None:
+    """Remove a cgroup; processes still in it move to `parent` (by default the root)."""
     with contextlib.suppress(OSError):
         for pid in (path / "cgroup.procs").read_text().split():
             with contextlib.suppress(OSError):
-                (mount / "cgroup.procs").write_text(pid)
+                (parent / "cgroup.procs").write_text(pid)
     with contextlib.suppress(OSError):
         path.rmdir()
 

@@ -30,9 +30,6 @@ class Sample:
     cold: bool | None
     pod: str | None
     error: str | None = None
-    server_ms: float | None = None
-    """The server's own time for the request (its Server-Timing header), when it sent one: the
-    rest of `latency_ms` is the network path (client, proxy) and waiting to be scheduled."""
     server_timing: dict[str, float] | None = None
     """Every Server-Timing metric with a duration, in ms (warmgate-server: tokenize, queue,
     model, model-cpu and embed, the total)."""
@@ -40,6 +37,12 @@ class Sample:
     @property
     def ok(self) -> bool:
         return self.status == 200
+
+    @property
+    def server_ms(self) -> float | None:
+        """The server's own time for the request, when it sent Server-Timing: the rest of
+        `latency_ms` is the network path (client, proxy) and waiting to be scheduled."""
+        return total_ms(self.server_timing)
 
 
 def server_timings(header: str | None) -> dict[str, float] | None:
@@ -58,10 +61,9 @@ def server_timings(header: str | None) -> dict[str, float] | None:
     return found or None
 
 
-def server_timing_ms(header: str | None) -> float | None:
-    """The server's total time from a Server-Timing header: its `embed` metric (warmgate-server's
-    whole request) when there is one, else the sum of every duration; None without any."""
-    timings = server_timings(header)
+def total_ms(timings: dict[str, float] | None) -> float | None:
+    """The server's total time: its `embed` metric (warmgate-server's whole request) when there
+    is one, else the sum of every duration; None without any."""
     if timings is None:
         return None
     return timings["embed"] if "embed" in timings else sum(timings.values())
@@ -170,7 +172,6 @@ class ConstantRateLoad:
                     revision=response.headers.get("X-Warmgate-Revision"),
                     cold=None if cold is None else cold == "1",
                     pod=response.headers.get("X-Warmgate-Pod"),
-                    server_ms=server_timing_ms(response.headers.get("Server-Timing")),
                     server_timing=server_timings(response.headers.get("Server-Timing")),
                 )
         except (aiohttp.ClientError, TimeoutError, OSError) as error:

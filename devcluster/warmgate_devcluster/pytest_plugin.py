@@ -40,6 +40,19 @@ class DevClusterHandle:
     start_seconds: float = 0.0
     _clients: list = field(default_factory=list)
 
+    @classmethod
+    def of(cls, cluster: DevCluster, start_seconds: float = 0.0) -> DevClusterHandle:
+        """The handle of a cluster that is up: its kubeconfig in the environment."""
+        kubeconfig = str(cluster.kubeconfig)
+        return cls(
+            cluster=cluster,
+            kubeconfig=kubeconfig,
+            env=dict(os.environ, KUBECONFIG=kubeconfig),
+            bin_dir=cluster.bin_dir,
+            state_dir=cluster.state_dir,
+            start_seconds=start_seconds,
+        )
+
     @property
     def config(self) -> ClusterConfig:
         return self.cluster.config
@@ -135,16 +148,7 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevClusterH
     cluster = DevCluster(isolated_config(state_dir, slot))
     started = time.monotonic()
     cluster.up(log=lambda *_: None)
-    elapsed = time.monotonic() - started
-    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
-    handle = DevClusterHandle(
-        cluster=cluster,
-        kubeconfig=str(cluster.kubeconfig),
-        env=env,
-        bin_dir=cluster.bin_dir,
-        state_dir=state_dir,
-        start_seconds=elapsed,
-    )
+    handle = DevClusterHandle.of(cluster, start_seconds=time.monotonic() - started)
     try:
         yield handle
     finally:

@@ -365,7 +365,10 @@ def test_cpu_quantities_and_pod_cpu_as_kubelet_sums_them() -> None:
 
 
 def test_server_timing_header_is_read_as_milliseconds() -> None:
-    from warmgate_devcluster.loadgen import server_timing_ms
+    from warmgate_devcluster.loadgen import server_timings, total_ms
+
+    def server_timing_ms(header: str | None) -> float | None:
+        return total_ms(server_timings(header))
 
     assert server_timing_ms("embed;dur=12.5") == 12.5
     assert server_timing_ms('queue;dur=2, model;desc="forward";dur=8') == 10.0
