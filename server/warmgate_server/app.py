@@ -183,6 +183,7 @@ async def _warm_http_path(runtime: Runtime) -> bool:
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         log.warning("HTTP warmup through %s failed: %s", runtime.self_url, exc)
         return False
+    log.info("HTTP path warm: %d requests through %s", len(requests), runtime.self_url)
     return True
 
 

@@ -61,7 +61,8 @@ class BertTokenizer:
         config = json.loads(config_file.read_text())
         if config.get("tokenizer_class") not in BERT_CLASSES:
             raise ValueError(f"tokenizer_class {config.get('tokenizer_class')!r} is not BERT's")
-        spec = json.loads(tokenizer_file.read_text())
+        text = tokenizer_file.read_text()
+        spec = json.loads(text)
         normalizer = spec.get("normalizer") or {}
         if normalizer.get("type") != "BertNormalizer":
             raise ValueError(f"normalizer {normalizer.get('type')!r} is not BertNormalizer")
@@ -79,7 +80,7 @@ class BertTokenizer:
                 raise ValueError(f"added token {_token_text(token)!r} is not in tokenizer.json")
         from tokenizers import Tokenizer
 
-        return cls(Tokenizer.from_file(str(tokenizer_file)), config)
+        return cls(Tokenizer.from_str(text), config)
 
     def __call__(
         self,

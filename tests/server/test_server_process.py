@@ -70,7 +70,8 @@ def test_lifecycle_probes_cold_hits_and_sigterm_drain(minilm_dir: Path) -> None:
         assert report["warmup_seconds"] > 0 and report["model"]["revision"] == "r1"
         # Warmup went through the HTTP layer too (its own requests to its own port), and none
         # of that shows as traffic: no request counted, no served shape in the profile.
-        assert "HTTP warmup" not in server.log()
+        assert "HTTP path warm: 3 requests through http://127.0.0.1:" in server.log()
+        assert "HTTP warmup" not in server.log()  # no request of it failed
         status, profile = server.get_json("/warmup/profile")
         assert status == 200 and profile == {"shapes": []}
         with urllib.request.urlopen(server.url + "/metrics", timeout=5) as response:
