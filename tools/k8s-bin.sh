@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds (once) the control-plane binaries warmgate's devcluster runs: etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl and helm, from the Go module proxy, at the
+# Builds (once) the Kubernetes binaries warmgate's devcluster runs: etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl and helm, from the Go
+# module proxy, at the
 # versions pinned by tools/k8s/go.mod, tools/etcd/go.mod and HELM_VERSION below.
 # They are cached outside the checkout, by version, and rebuilt only when one is missing.
 # Prints the folder that holds them. KUBEBUILDER_ASSETS, when it names a folder with all of
@@ -13,7 +14,7 @@ HELM_VERSION="${HELM_VERSION:-v3.21.4}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${WARMGATE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/warmgate}"
 BIN_DIR="${WARMGATE_K8S_BIN:-$CACHE/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION}"
-NAMES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl helm)
+NAMES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl helm)
 
 have_all() {
   local dir="$1" name
@@ -39,14 +40,14 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 start=$(date +%s)
-if ! [[ -x "$BIN_DIR/kube-apiserver" && -x "$BIN_DIR/kube-controller-manager" && \
-        -x "$BIN_DIR/kube-scheduler" && -x "$BIN_DIR/kubectl" ]]; then
-  echo "building Kubernetes $K8S_VERSION control plane into $BIN_DIR (first time: ~15 min on 2 cores)" >&2
+k8s_commands=()
+for name in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
+  [[ -x "$BIN_DIR/$name" ]] || k8s_commands+=("k8s.io/kubernetes/cmd/$name")
+done
+if ((${#k8s_commands[@]})); then
+  echo "building Kubernetes $K8S_VERSION (${k8s_commands[*]##*/}) into $BIN_DIR (first time: ~15 min on 2 cores)" >&2
   (cd "$ROOT/tools/k8s" && go build -trimpath -pgo=off -ldflags "$ldflags" -o "$BIN_DIR/" \
-    k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler \
-    k8s.io/kubernetes/cmd/kubectl) >&2
+    "${k8s_commands[@]}") >&2
 fi
 if ! [[ -x "$BIN_DIR/etcd" ]]; then
   echo "building etcd $ETCD_VERSION" >&2

@@ -1,14 +1,37 @@
-"""Finding the control-plane binaries: KUBEBUILDER_ASSETS first, else tools/k8s-bin.sh."""
+"""Finding the binaries: Kubernetes' (KUBEBUILDER_ASSETS first, else tools/k8s-bin.sh) and the
+node's (containerd, runc, CNI plugins, metrics-server, pause: tools/node-bin.sh)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from pathlib import Path
 
 from warmgate_devcluster.config import repo_root
 
-REQUIRED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+REQUIRED = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kube-proxy",
+    "kubectl",
+)
+NODE_REQUIRED = (
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "runc",
+    "cni/bridge",
+    "cni/host-local",
+    "cni/loopback",
+    "cni/portmap",
+    "metrics-server",
+    "coredns",
+    "pause",
+)
 
 
 class BinariesUnavailable(RuntimeError):
@@ -68,4 +91,36 @@ def find_bin_dir(*, build: bool = True) -> Path:
     folder = Path(result.stdout.strip().splitlines()[-1])
     if not has_all(folder):
         raise BinariesUnavailable(f"{script} printed {folder}, which lacks some of {REQUIRED}")
+    return folder
+
+
+@functools.cache
+def find_node_bin_dir(*, build: bool = True) -> Path:
+    """The folder with the node's binaries: WARMGATE_NODE_BIN when it holds them all, else
+    what tools/node-bin.sh prints (it builds them the first time, a few minutes)."""
+    override = os.environ.get("WARMGATE_NODE_BIN")
+    if override and has_all(override, NODE_REQUIRED):
+        return Path(override)
+    root = repo_root()
+    if root is None:
+        raise BinariesUnavailable(
+            "no node binaries: set WARMGATE_NODE_BIN to a folder holding "
+            + ", ".join(NODE_REQUIRED)
+            + ", or run from a warmgate checkout (tools/node-bin.sh builds them)"
+        )
+    script = root / "tools" / "node-bin.sh"
+    try:
+        result = subprocess.run(
+            ["bash", str(script)],
+            stdout=subprocess.PIPE,
+            stderr=None,
+            text=True,
+            check=True,
+            timeout=None if build else 30,
+        )
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        raise BinariesUnavailable(f"{script} failed: {exc}") from exc
+    folder = Path(result.stdout.strip().splitlines()[-1])
+    if not has_all(folder, NODE_REQUIRED):
+        raise BinariesUnavailable(f"{script} printed {folder}, which lacks some of {NODE_REQUIRED}")
     return folder

@@ -1,130 +1,59 @@
-"""kubelet's CPU isolation for pods that are processes: one cgroup per pod (cgroup v1 `cpu`).
+"""The devcluster's cgroups (cgroup v1): three groups per cluster, named after its state folder.
 
-kubelet puts every pod in its own cgroup under a `kubepods` parent: `cpu.shares` from the sum of
-the containers' CPU requests (1024 per CPU, at least 2, so BestEffort pods get 2) and a CFS quota
-from their limits. The scheduler then shares the CPUs between pods, not between threads: a pod
-that starts up (imports, weight loading, a warmup using every core) gets its share of the CPUs
-and no more, however many threads it runs, and a serving pod that wakes for a request is not
-queued behind them.
+- `<cluster>-control-plane` (cpu controller): etcd, the apiserver, the controller manager and
+  the scheduler. On a real cluster they run on machines of their own, not on the node that
+  serves; here they share it, so they get a small weight (`cpu.shares`, 256 by default): every
+  cycle the pods leave idle, but when the CPUs are contested (a rollout: surge pods starting,
+  and the control plane busy with that very rollout) they cannot crowd the serving pods out.
+- `<cluster>-node` (cpu controller): containerd, its shims, kubelet and kube-proxy, as
+  `system.slice` holds them on a real node. `down` finds every shim here by pid.
+- `<cluster>` in every v1 hierarchy: kubelet's `cgroupRoot`. kubelet makes `kubepods` and the
+  per-pod groups below it and sets their shares, quotas and memory limits itself; a root of the
+  cluster's own keeps two clusters on one machine from removing each other's pods.
 
-The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) runs on
-machines of its own in a real cluster, not on the node that serves. Here it shares the node, so
-it gets a cgroup of its own with a small weight (`control_plane_group`): it still uses every
-cycle the pods leave idle, but when the CPUs are contested (a rollout: surge pods starting, and
-the control plane busy with the very same rollout) it cannot crowd the serving pods out.
-
-Used when this process may create cgroups under the `cpu` controller (root, cgroup v1, as on
-the development machines); otherwise `CpuCgroups.create` and `control_plane_group` return None
-and processes share the CPUs thread by thread.
+Used when this process may create cgroups (root, cgroup v1); `control_plane_group` returns None
+otherwise, and `up` refuses to start a node without them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
-import re
+import os
+import signal
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-V1_CPU = Path("/sys/fs/cgroup/cpu")
-MIN_SHARES = 2  # kubelet's MinShares: a BestEffort pod's cpu.shares
-SHARES_PER_CPU = 1024
-PERIOD_US = 100_000  # kubelet's CFS period
-MIN_QUOTA_US = 1_000  # kubelet's MinQuotaPeriod
+CGROUP_MOUNT = Path("/sys/fs/cgroup")
+V1_CPU = CGROUP_MOUNT / "cpu"
+MIN_SHARES = 2  # kubelet's MinShares
 
 
-def cpu_millis(quantity: str | int | float) -> int:
-    """A Kubernetes CPU quantity in millicores: "100m" -> 100, "1.5" -> 1500, 2 -> 2000."""
-    text = str(quantity).strip()
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)(m?)", text)
-    if match is None:
-        raise ValueError(f"not a CPU quantity: {quantity!r}")
-    value = float(match.group(1))
-    return round(value if match.group(2) else value * 1000)
+def v1_hierarchies(mount: Path = CGROUP_MOUNT) -> list[Path]:
+    """The mounted cgroup v1 hierarchies (cpu, memory, pids, ..., the named systemd one), not
+    the unified (v2) one a hybrid machine also mounts."""
+    found = []
+    with contextlib.suppress(OSError):
+        for path in sorted(mount.iterdir()):
+            if path.is_symlink() or not path.is_dir() or path.name == "unified":
+                continue
+            if (path / "cgroup.procs").exists():
+                found.append(path)
+    return found
 
 
-def pod_cpu(pod: dict) -> tuple[int, int | None]:
-    """(requested millicores, limit millicores or None) of a pod's containers, as kubelet sums
-    them: a container with a limit and no request requests its limit; the pod has a limit only
-    when every container has one."""
-    requested, limit, every_limited = 0, 0, True
-    for container in pod["spec"].get("containers") or []:
-        resources = container.get("resources") or {}
-        limit_value = (resources.get("limits") or {}).get("cpu")
-        request_value = (resources.get("requests") or {}).get("cpu", limit_value)
-        if request_value is not None:
-            requested += cpu_millis(request_value)
-        if limit_value is None:
-            every_limited = False
-        else:
-            limit += cpu_millis(limit_value)
-    return requested, (limit if every_limited and limit else None)
-
-
-def shares_for(millis: int) -> int:
-    return max(MIN_SHARES, millis * SHARES_PER_CPU // 1000)
-
-
-def quota_for(millis: int | None) -> int:
-    """cpu.cfs_quota_us for a limit (-1: none)."""
-    return -1 if millis is None else max(MIN_QUOTA_US, millis * PERIOD_US // 1000)
-
-
-class CpuCgroups:
-    """The devcluster's `kubepods`: one parent cgroup, one child per pod (by uid)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    @classmethod
-    def create(cls, name: str, cpus: int, mount: Path = V1_CPU) -> CpuCgroups | None:
-        """The parent cgroup `name` (its share: every CPU, like kubepods), or None when cgroups
-        cannot be made here (not root, no cgroup v1 `cpu` controller)."""
-        root = mount / name
-        try:
-            root.mkdir(exist_ok=True)
-            (root / "cpu.shares").write_text(str(cpus * SHARES_PER_CPU))
-        except OSError as exc:
-            log.info("no per-pod CPU isolation (cannot create %s: %s)", root, exc)
-            return None
-        groups = cls(root)
-        groups.prune()
-        return groups
-
-    def pod(self, uid: str, pod: dict) -> Path | None:
-        """The pod's cgroup, made now with its shares and quota; None when that fails."""
-        requested, limit = pod_cpu(pod)
-        path = self.root / uid
-        try:
-            path.mkdir(exist_ok=True)
-            (path / "cpu.shares").write_text(str(shares_for(requested)))
-            (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            (path / "cpu.cfs_quota_us").write_text(str(quota_for(limit)))
-        except (OSError, ValueError) as exc:
-            log.warning("pod %s: no CPU cgroup (%s)", uid, exc)
-            return None
-        return path
-
-    def remove(self, uid: str) -> None:
-        """Remove a pod's cgroup once its processes are gone (stragglers go to the parent)."""
-        remove_group(self.root / uid, self.root)
-
-    def prune(self) -> None:
-        """Pod cgroups a previous agent left behind."""
-        for child in self.root.iterdir():
-            if child.is_dir():
-                remove_group(child, self.root)
-
-    def close(self) -> None:
-        self.prune()
-        with contextlib.suppress(OSError):
-            self.root.rmdir()
+def missing_controllers(required=("cpu", "cpuacct", "cpuset", "memory", "pids")) -> list[str]:
+    """Controllers kubelet needs that this machine does not mount as cgroup v1."""
+    mounted = {path.name for path in v1_hierarchies()}
+    for path in v1_hierarchies():
+        mounted.update(path.name.split(","))
+    return [name for name in required if name not in mounted]
 
 
 def control_plane_group(name: str, shares: int, mount: Path = V1_CPU) -> Path | None:
-    """The cgroup `name` with `shares` (a fresh one: a leftover of a stopped cluster is
+    """The cpu cgroup `name` with `shares` (a fresh one: a leftover of a stopped cluster is
     replaced), or None when cgroups cannot be made here."""
     path = mount / name
     remove_group(path, mount)
@@ -132,9 +61,69 @@ def control_plane_group(name: str, shares: int, mount: Path = V1_CPU) -> Path | 
         path.mkdir()
         (path / "cpu.shares").write_text(str(max(MIN_SHARES, shares)))
     except OSError as exc:
-        log.info("control plane not in a cgroup of its own (cannot create %s: %s)", path, exc)
+        log.info("no cgroup of its own (cannot create %s: %s)", path, exc)
         return None
     return path
+
+
+def create_root(name: str) -> None:
+    """kubelet's cgroupRoot `/name`, made in every v1 hierarchy (kubelet checks it exists).
+    A cpuset group starts with no CPUs or memory nodes: it gets its parent's."""
+    for hierarchy in v1_hierarchies():
+        path = hierarchy / name
+        path.mkdir(exist_ok=True)
+        for key in ("cpuset.cpus", "cpuset.mems"):
+            parent_value = hierarchy / key
+            if parent_value.exists() and not (path / key).read_text().strip():
+                (path / key).write_text(parent_value.read_text().strip())
+
+
+def pids_in_tree(name: str) -> set[int]:
+    """Every process in `/name` or below it, in any v1 hierarchy."""
+    found: set[int] = set()
+    for hierarchy in v1_hierarchies():
+        top = hierarchy / name
+        if not top.is_dir():
+            continue
+        for procs_file in top.rglob("cgroup.procs"):
+            with contextlib.suppress(OSError, ValueError):
+                found.update(int(pid) for pid in procs_file.read_text().split())
+    found.discard(os.getpid())
+    return found
+
+
+def kill_tree(name: str, timeout: float = 10.0) -> int:
+    """SIGKILL every process in `/name` and below, by pid, until none is left. Returns how many
+    were killed."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = pids_in_tree(name)
+        if not pids:
+            return len(killed)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+        killed |= pids
+        if time.monotonic() > deadline:
+            log.warning("processes still in %s after %.0fs: %s", name, timeout, sorted(pids))
+            return len(killed)
+        time.sleep(0.1)
+
+
+def remove_tree(name: str) -> None:
+    """Remove `/name` and every group below it, deepest first, in every v1 hierarchy."""
+    for hierarchy in v1_hierarchies():
+        top = hierarchy / name
+        if not top.is_dir():
+            continue
+        groups = sorted(
+            (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
+        )
+        for group in [*groups, top]:
+            remove_group(group, hierarchy)
 
 
 def remove_group(path: Path, parent: Path = V1_CPU) -> None:
@@ -149,15 +138,5 @@ def remove_group(path: Path, parent: Path = V1_CPU) -> None:
 
 def launch_in(cgroup: Path, argv: list[str]) -> list[str]:
     """`argv` run inside `cgroup`: a shell joins the cgroup, then execs the command (same pid),
-    so the process is in its pod's cgroup before its first instruction of real work."""
+    so the process is in its group before its first instruction of real work."""
     return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *argv]
-
-
-def cluster_group_name(state_dir: Path) -> str:
-    """One parent cgroup per devcluster state folder (several clusters may run at once)."""
-    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
-    return f"warmgate-devcluster-{digest}"
-
-
-def control_plane_group_name(state_dir: Path) -> str:
-    return f"{cluster_group_name(state_dir)}-control-plane"

@@ -1,44 +1,69 @@
-"""Bringing a devcluster up and down: control plane, node agent, EndpointSlice controller and
-service proxy as background processes recorded in the state folder."""
+"""Bringing a devcluster up and down: the control plane and a real node (containerd, kubelet,
+kube-proxy in a network namespace of their own), recorded by pid in the state folder, plus
+metrics-server as a pod behind the aggregation layer."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import json
 import os
+import platform
 import shutil
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmgate_devcluster import cgroups, procs
+from warmgate_devcluster import cgroups, images, procs
 from warmgate_devcluster import controlplane as cp
-from warmgate_devcluster.binaries import find_bin_dir
+from warmgate_devcluster import node as nodecfg
+from warmgate_devcluster.binaries import find_bin_dir, find_node_bin_dir
 from warmgate_devcluster.config import PACKAGE_DIR, ClusterConfig
-from warmgate_devcluster.models import seed_default_models
-from warmgate_devcluster.pki import Pki, create_pki
+from warmgate_devcluster.pki import (
+    ADMIN,
+    APISERVER_KUBELET_CLIENT,
+    KUBE_PROXY,
+    Pki,
+    create_pki,
+    kubelet_identity,
+)
 
 # Start order; `down` stops them in reverse.
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
-AGENTS = ("endpointslices", "service-proxy", "node-agent")
-COMPONENTS = CONTROL_PLANE + AGENTS
+NODE = ("containerd", "kubelet", "kube-proxy")
+COMPONENTS = CONTROL_PLANE + NODE
 # Files and folders `up` owns inside the state folder (wiped before a fresh start).
-_OWNED = (
-    "pki",
-    "etcd",
-    "logs",
-    "pods",
-    "ready",
-    "certs",
-    "kubeconfig",
-    "runtime.json",
-    "cluster.json",
-)
+_OWNED = ("pki", "etcd", "logs", "node", "certs", "kubeconfig", "runtime.json", "cluster.json")
+MAX_PODS = 110
+
+
+class NodeUnsupported(RuntimeError):
+    """This machine cannot run the real node; the message says what it needs."""
+
+
+def preflight() -> None:
+    """What the real node needs from the machine, checked before anything starts."""
+    problems = []
+    if platform.system() != "Linux":
+        problems.append(f"Linux (this is {platform.system()}): kubelet and containerd run here")
+    elif os.geteuid() != 0:
+        problems.append(
+            "root: the node creates a network namespace, cgroups and mounts (run `make up` as "
+            "root, or use a cluster you already have: see README, 'Installing into a real cluster')"
+        )
+    else:
+        missing = cgroups.missing_controllers()
+        if missing:
+            problems.append(f"cgroup v1 controllers mounted under /sys/fs/cgroup: {missing}")
+        if not Path("/dev/kmsg").exists():
+            problems.append("/dev/kmsg (kubelet's OOM watcher reads it)")
+        for command in ("ip", "nsenter", "iptables", "iptables-restore", "mount"):
+            if shutil.which(command) is None:
+                problems.append(f"the `{command}` command (tools/node-deps.sh installs it)")
+    if problems:
+        raise NodeUnsupported("the devcluster's real node needs: " + "; ".join(problems) + ".")
 
 
 @dataclass(frozen=True)
@@ -50,26 +75,16 @@ class ComponentHealth:
     detail: str
 
 
-def agent_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for the Python agents: this package importable, output unbuffered."""
-    env = dict(os.environ if base is None else base)
-    package_parent = str(PACKAGE_DIR.parent)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    paths = [str(Path(p).resolve()) for p in paths]  # the agents run in another folder
-    if package_parent not in paths:
-        paths.insert(0, package_parent)
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.pop("KUBECONFIG", None)
-    return env
-
-
 class DevCluster:
     """One local cluster, described by its configuration and its state folder."""
 
     def __init__(self, config: ClusterConfig | None = None) -> None:
         self.config = config or ClusterConfig.from_env()
         self.pki = Pki(self.config.pki_dir)
+        self.network = self.config.network
+        self.paths = nodecfg.NodePaths(
+            self.config.state_dir, self.config.run_dir, self.config.containerd_dir
+        )
         self._children: dict[str, subprocess.Popen] = {}
 
     # ----------------------------------------------------------------- paths and records
@@ -104,9 +119,19 @@ class DevCluster:
         return Path(value) if value else None
 
     @property
+    def node_bin_dir(self) -> Path | None:
+        value = self.runtime().get("node_bin_dir")
+        return Path(value) if value else None
+
+    @property
     def ports(self) -> cp.Ports | None:
         value = self.runtime().get("ports")
         return cp.Ports(**value) if value else None
+
+    @property
+    def node_ip(self) -> str:
+        """The node's InternalIP: NodePorts answer here."""
+        return self.network.node_ip
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
@@ -125,20 +150,22 @@ class DevCluster:
             return False
         if not all(procs.is_running(r) for r in records.values()):
             return False
-        return self._apiserver_ready()
+        return self._apiserver_ready() and self._node_ready()
 
-    def up(self, *, log=print) -> bool:
+    def up(self, *, log: Callable[[str], None] = print) -> bool:
         """Start everything; False (and nothing touched) when it is already up and healthy."""
         with self._lock():
             if self.is_up():
                 log(f"devcluster already running (state {self.state_dir})")
                 return False
+            preflight()
             self._stop_all(log=lambda *_: None)
             started = time.monotonic()
             bin_dir = find_bin_dir()
+            node_bin = find_node_bin_dir()
             self._wipe()
             try:
-                self._start(bin_dir, log)
+                self._start(bin_dir, node_bin, log)
             except BaseException:
                 log(
                     "devcluster failed to start; stopping what started. Logs: "
@@ -156,32 +183,40 @@ class DevCluster:
                 shutil.rmtree(path)
             elif path.exists() or path.is_symlink():
                 path.unlink()
+        shutil.rmtree(self.paths.run_dir, ignore_errors=True)
 
-    def _start(self, bin_dir: Path, log) -> None:
-        if self.config.model_cache is None:
-            # Server pods resolve hub ids (sentence-transformers/all-MiniLM-L6-v2) offline from
-            # a Hugging Face cache seeded from the installed model packages.
-            self.config = dataclasses.replace(
-                self.config, model_cache=self.config.state_dir / "hf-home"
-            )
-            seed_default_models(self.config.model_cache)
-        cfg = self.config
+    def _start(self, bin_dir: Path, node_bin: Path, log: Callable[[str], None]) -> None:
+        cfg, network, paths = self.config, self.network, self.paths
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         cfg.logs_dir.mkdir(parents=True, exist_ok=True)
         cfg.config_file.write_text(cfg.to_json())
-        pki = create_pki(cfg.pki_dir)
-        ports = cp.Ports(*procs.free_ports(5))
-        runtime = {"bin_dir": str(bin_dir), "ports": ports.__dict__, "procs": {}}
+        network.create()
+        kubelet_user = kubelet_identity(cfg.node_name)
+        pki = create_pki(
+            cfg.pki_dir,
+            serving_ips=[network.host_ip, network.kubernetes_service_ip],
+            clients=[ADMIN, KUBE_PROXY, kubelet_user, APISERVER_KUBELET_CLIENT],
+        )
+        ports = cp.Ports(*procs.free_ports(5), apiserver_host=network.host_ip)
+        runtime = {
+            "bin_dir": str(bin_dir),
+            "node_bin_dir": str(node_bin),
+            "ports": ports.__dict__,
+            "procs": {},
+        }
         self._write_runtime(runtime)
 
-        group = None
+        control_plane_group = None
         if cfg.control_plane_cpu_shares:
-            group = cgroups.control_plane_group(
-                cgroups.control_plane_group_name(cfg.state_dir), cfg.control_plane_cpu_shares
+            control_plane_group = cgroups.control_plane_group(
+                cfg.control_plane_group, cfg.control_plane_cpu_shares
             )
+        node_group = cgroups.control_plane_group(cfg.node_group, 1024)
+        cgroups.create_root(cfg.cluster_name)
 
         def launch(name: str, argv: list[str], env: dict[str, str] | None = None):
-            if name in CONTROL_PLANE and group is not None:
+            group = control_plane_group if name in CONTROL_PLANE else node_group
+            if group is not None:
                 argv = cgroups.launch_in(group, argv)
             record, child = procs.spawn(
                 name, argv, cfg.logs_dir / f"{name}.log", env=env, cwd=cfg.state_dir
@@ -191,72 +226,150 @@ class DevCluster:
             self._write_runtime(runtime)
             return record
 
-        timeout = cfg.start_timeout
+        def wait(check: Callable[[], bool], what: str, record: procs.ProcRecord) -> None:
+            cp.wait_until(check, what, cfg.start_timeout, alive=lambda: procs.is_running(record))
+
         etcd = launch("etcd", cp.etcd_argv(bin_dir, cfg.state_dir / "etcd", ports))
-        cp.wait_until(
+        wait(
             lambda: cp.http_get(f"http://127.0.0.1:{ports.etcd_client}/health")[0] == 200,
             "etcd",
-            timeout,
-            alive=lambda: procs.is_running(etcd),
+            etcd,
         )
         certs = cfg.state_dir / "certs"
         apiserver = launch(
             "kube-apiserver",
-            cp.apiserver_argv(bin_dir, pki, certs / "apiserver", ports, cfg.node_port_range),
+            cp.apiserver_argv(
+                bin_dir, pki, certs / "apiserver", ports, cfg.service_cidr, cfg.node_port_range
+            ),
         )
-        cp.wait_until(
-            self._apiserver_ready,
-            "kube-apiserver /readyz",
-            timeout,
-            alive=lambda: procs.is_running(apiserver),
-        )
-        cfg.kubeconfig.write_text(cp.kubeconfig_yaml(ports.apiserver_url, pki))
+        wait(self._apiserver_ready, "kube-apiserver /readyz", apiserver)
+        server = ports.apiserver_url
+        cfg.kubeconfig.write_text(cp.kubeconfig_yaml(server, pki))
         cfg.kubeconfig.chmod(0o600)
         kcm = launch(
             "kube-controller-manager",
-            cp.controller_manager_argv(bin_dir, pki, cfg.kubeconfig, certs / "kcm", ports),
+            cp.controller_manager_argv(
+                bin_dir, pki, cfg.kubeconfig, certs / "kcm", ports, cfg.service_cidr
+            ),
         )
         scheduler = launch(
             "kube-scheduler", cp.scheduler_argv(bin_dir, cfg.kubeconfig, certs / "sched", ports)
         )
-        env = agent_env()
-        agents = {
-            name: launch(
-                name,
-                [
-                    sys.executable,
-                    "-m",
-                    "warmgate_devcluster",
-                    "--state-dir",
-                    str(cfg.state_dir),
-                    f"_{name}",
-                ],
-                env=env,
-            )
-            for name in AGENTS
-        }
+
+        # The node: containerd first (images go in before kubelet looks for its sandbox image).
+        for folder in (
+            paths.cni_conf_dir,
+            paths.cni_state_dir,
+            paths.kubelet_root,
+            paths.pod_logs,
+            paths.run_dir,
+            paths.containerd_root,
+        ):
+            folder.mkdir(parents=True, exist_ok=True)
+        paths.containerd_config.write_text(
+            nodecfg.containerd_toml(paths, node_bin, images.PAUSE.name)
+        )
+        (paths.cni_conf_dir / f"10-{nodecfg.CNI_NETWORK}.conflist").write_text(
+            nodecfg.cni_conflist(network, paths)
+        )
+        node_env = dict(os.environ, PATH=f"{node_bin}:{os.environ.get('PATH', '')}")
+        containerd = launch(
+            "containerd", nodecfg.containerd_argv(node_bin, network, paths), env=node_env
+        )
+        wait(self._containerd_ready, "containerd", containerd)
+        self._forget_old_containers()
+        took = images.import_images(
+            paths.containerd_socket, images.NODE_IMAGES, cfg.logs_dir / "images.log", say=log
+        )
+        for name, seconds in took.items():
+            log(f"imported {name} into the node in {seconds:.0f}s")
+
+        paths.kubelet_kubeconfig.write_text(cp.kubeconfig_yaml(server, pki, kubelet_user))
+        paths.kube_proxy_kubeconfig.write_text(cp.kubeconfig_yaml(server, pki, KUBE_PROXY))
+        paths.kubelet_config.write_text(
+            nodecfg.kubelet_yaml(network, paths, pki, f"/{cfg.cluster_name}", MAX_PODS)
+        )
+        paths.kube_proxy_config.write_text(nodecfg.kube_proxy_yaml(network, paths, cfg.node_name))
+        kubelet = launch(
+            "kubelet",
+            nodecfg.kubelet_argv(bin_dir / "kubelet", network, paths, cfg.node_name),
+            env=node_env,
+        )
+        kube_proxy = launch(
+            "kube-proxy",
+            nodecfg.kube_proxy_argv(bin_dir / "kube-proxy", network, paths),
+            env=node_env,
+        )
         insecure = cp.insecure_ssl_context()
         for record, port in ((kcm, ports.controller_manager), (scheduler, ports.scheduler)):
-            cp.wait_until(
+            wait(
                 lambda port=port: (
                     cp.http_get(f"https://127.0.0.1:{port}/healthz", insecure)[0] == 200
                 ),
                 f"{record.name} /healthz",
-                timeout,
-                alive=lambda record=record: procs.is_running(record),
+                record,
             )
-        for name, record in agents.items():
-            cp.wait_until(
-                lambda name=name: (cfg.state_dir / "ready" / name).exists(),
-                f"{name} ready",
-                timeout,
-                alive=lambda record=record: procs.is_running(record),
+        wait(self._kube_proxy_healthy, "kube-proxy /healthz", kube_proxy)
+        wait(self._node_ready, f"node {cfg.node_name} Ready", kubelet)
+        self._install_addons(bin_dir)
+        # Pods look names up from their first instruction (kopf connects to
+        # kubernetes.default.svc): the cluster DNS answers before `up` returns.
+        self._kubectl(
+            bin_dir,
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "deployment/coredns",
+            f"--timeout={int(cfg.start_timeout)}s",
+        )
+
+    def _containerd_ready(self) -> bool:
+        if not self.paths.containerd_socket.exists():
+            return False
+        result = subprocess.run(
+            images.ctr_argv(self.paths.containerd_socket, "version"),
+            capture_output=True,
+            timeout=10,
+        )
+        return result.returncode == 0
+
+    def _forget_old_containers(self) -> None:
+        """containerd's root is kept between runs for its images; the containers and sandboxes
+        of an earlier run (their processes are gone) are removed before kubelet starts."""
+        socket = self.paths.containerd_socket
+        listed = subprocess.run(
+            images.ctr_argv(socket, "containers", "ls", "-q"), capture_output=True, text=True
+        )
+        for container in listed.stdout.split():
+            subprocess.run(
+                images.ctr_argv(socket, "containers", "rm", container), capture_output=True
             )
-        cp.wait_until(
-            self._node_ready,
-            f"node {cfg.node_name} Ready",
-            timeout,
-            alive=lambda: procs.is_running(agents["node-agent"]),
+
+    def _install_addons(self, bin_dir: Path) -> None:
+        """The add-ons every cluster has: DNS (CoreDNS) and the resource metrics API
+        (metrics-server), from the manifests beside this module."""
+        addons = {
+            "coredns.yaml": {
+                "{image}": images.COREDNS.name,
+                "{dns_ip}": self.network.dns_service_ip,
+            },
+            "metrics-server.yaml": {"{image}": images.METRICS_SERVER.name},
+        }
+        for file, values in addons.items():
+            manifest = (PACKAGE_DIR / file).read_text()
+            for token, value in values.items():
+                manifest = manifest.replace(token, value)
+            self._kubectl(bin_dir, "apply", "-f", "-", input=manifest)
+
+    def _kubectl(self, bin_dir: Path, *args: str, input: str | None = None):
+        return subprocess.run(
+            [str(bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
         )
 
     # ----------------------------------------------------------------- health
@@ -269,12 +382,19 @@ class DevCluster:
     def _apiserver_ready(self) -> bool:
         return self._api_get("/readyz")[0] == 200
 
+    def _kube_proxy_healthy(self) -> bool:
+        return cp.http_get(f"http://{self.network.node_ip}:10256/healthz")[0] == 200
+
     def _node_ready(self) -> bool:
         status, body = self._api_get(f"/api/v1/nodes/{self.config.node_name}")
         if status != 200:
             return False
         conditions = json.loads(body).get("status", {}).get("conditions", [])
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def metrics_available(self) -> bool:
+        """metrics-server answers through the aggregation layer (`kubectl top` works)."""
+        return self._api_get("/apis/metrics.k8s.io/v1beta1/nodes")[0] == 200
 
     def status(self) -> list[ComponentHealth]:
         records = self.records()
@@ -296,13 +416,16 @@ class DevCluster:
                     port = ports.controller_manager if name.endswith("manager") else ports.scheduler
                     code, _ = cp.http_get(f"https://127.0.0.1:{port}/healthz", insecure)
                     healthy, detail = code == 200, f"/healthz {code}"
-                elif name == "node-agent":
+                elif name == "containerd":
+                    healthy = self._containerd_ready()
+                    detail = str(self.paths.containerd_socket)
+                elif name == "kube-proxy":
+                    healthy = self._kube_proxy_healthy()
+                    detail = f"/healthz on {self.network.node_ip}:10256"
+                else:
                     healthy = self._node_ready()
                     state = "Ready" if healthy else "not Ready"
-                    detail = f"node {self.config.node_name} {state}"
-                else:
-                    healthy = (self.state_dir / "ready" / name).exists()
-                    detail = "synced" if healthy else "starting"
+                    detail = f"node {self.config.node_name} ({self.network.node_ip}) {state}"
             result.append(
                 ComponentHealth(name, record.pid if record else None, running, healthy, detail)
             )
@@ -317,12 +440,13 @@ class DevCluster:
     def _stop_all(self, *, log) -> bool:
         stopped_any = False
         records = self.records()
-        for name in reversed(COMPONENTS):
+        cfg = self.config
+
+        def stop(name: str, grace: float) -> None:
+            nonlocal stopped_any
             record = records.get(name)
             if record is None:
-                continue
-            # The node agent stops its pods on SIGTERM; give it time to do so.
-            grace = 20.0 if name == "node-agent" else 10.0
+                return
             if procs.stop(record, grace=grace):
                 stopped_any = True
                 log(f"stopped {name} (pid {record.pid})")
@@ -330,34 +454,36 @@ class DevCluster:
             if child is not None:
                 with contextlib.suppress(Exception):
                     child.wait(timeout=1)
-        for record in self.leftover_pod_processes():
+
+        # The node first, so kubelet restarts nothing while its containers are stopped.
+        for name in reversed(NODE):
+            stop(name, 10.0)
+        # Containers and shims, by pid, from the cgroups they run in.
+        killed = cgroups.kill_tree(cfg.cluster_name) + cgroups.kill_tree(cfg.node_group)
+        if killed:
             stopped_any = True
-            procs.stop(record, grace=2.0)
-            log(f"stopped leftover pod process {record.name} (pid {record.pid})")
-        cgroups.remove_group(cgroups.V1_CPU / cgroups.control_plane_group_name(self.state_dir))
+            log(f"stopped {killed} container and shim processes")
+        unmounted = unmount_under(self.state_dir, self.paths.run_dir, self.paths.containerd_root)
+        if unmounted:
+            log(f"unmounted {unmounted} pod and container mounts")
+        self.network.remove()
+        for name in reversed(CONTROL_PLANE):
+            stop(name, 10.0)
+        for group in (cfg.cluster_name, cfg.node_group, cfg.control_plane_group):
+            cgroups.remove_tree(group)
+        shutil.rmtree(self.paths.run_dir, ignore_errors=True)
         runtime = self.runtime()
         if runtime.get("procs"):
             runtime["procs"] = {}
             self._write_runtime(runtime)
         return stopped_any
 
-    def leftover_pod_processes(self) -> list[procs.ProcRecord]:
-        """Container processes recorded by the node agent that still run."""
-        found = []
-        for pid_file in self.config.pods_dir.glob("*/containers/*.pid"):
-            with contextlib.suppress(ValueError, OSError, KeyError, json.JSONDecodeError):
-                record = procs.ProcRecord.from_dict(json.loads(pid_file.read_text()))
-                if procs.is_running(record):
-                    found.append(record)
-        return found
-
     def all_pids(self) -> list[int]:
-        """Every pid this cluster recorded (control plane, agents, pod processes)."""
-        pids = [r.pid for r in self.records().values()]
-        for pid_file in self.config.pods_dir.glob("*/containers/*.pid"):
-            with contextlib.suppress(ValueError, OSError, KeyError, json.JSONDecodeError):
-                pids.append(int(json.loads(pid_file.read_text())["pid"]))
-        return pids
+        """Every pid this cluster runs: its components, containers and shims."""
+        pids = {r.pid for r in self.records().values() if procs.is_running(r)}
+        pids |= cgroups.pids_in_tree(self.config.cluster_name)
+        pids |= cgroups.pids_in_tree(self.config.node_group)
+        return sorted(pids)
 
     # ----------------------------------------------------------------- clients
     def kubectl(
@@ -384,3 +510,25 @@ class DevCluster:
             config_file=str(self.kubeconfig), client_configuration=configuration
         )
         return client.ApiClient(configuration)
+
+
+def mounts_under(*folders: Path) -> list[str]:
+    """Mount points at or below any of `folders`, deepest first."""
+    roots = [str(folder.resolve()) for folder in folders]
+    found = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            point = line.split()[4].replace("\\040", " ")
+            if any(point == root or point.startswith(root + "/") for root in roots):
+                found.append(point)
+    return sorted(set(found), key=lambda p: p.count("/"), reverse=True)
+
+
+def unmount_under(*folders: Path) -> int:
+    """Lazily unmount what kubelet, containerd and its shims mounted below `folders` (volumes,
+    container root filesystems, network namespace files)."""
+    count = 0
+    for point in mounts_under(*folders):
+        result = subprocess.run(["umount", "-l", point], capture_output=True)
+        count += result.returncode == 0
+    return count

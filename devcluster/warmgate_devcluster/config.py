@@ -1,17 +1,20 @@
 """The one frozen configuration object of a devcluster, read from flags and environment once.
 
-`up` writes it into the state folder (`cluster.json`); the node agent, the service proxy and the
-EndpointSlice controller read it back from there, so every process of one cluster agrees.
+`up` writes it into the state folder (`cluster.json`); `status` and `down` read it back from
+there, so every command on one cluster agrees.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from warmgate_devcluster.network import NodeNetwork
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # devcluster/warmgate_devcluster/ -> the repository root, when running from a checkout.
@@ -26,6 +29,16 @@ def repo_root() -> Path | None:
     return None
 
 
+def cache_root() -> Path:
+    """Where built binaries, images, wheels and containerd roots are kept between runs, outside
+    the checkout: WARMGATE_CACHE, else $XDG_CACHE_HOME/warmgate, else ~/.cache/warmgate (the
+    tools/ scripts agree)."""
+    if os.environ.get("WARMGATE_CACHE"):
+        return Path(os.environ["WARMGATE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "warmgate"
+
+
 def default_state_dir() -> Path:
     root = repo_root()
     return (root if root is not None else Path.cwd()) / ".devcluster"
@@ -36,54 +49,61 @@ class ClusterConfig:
     """Everything that shapes one devcluster. All fields have an env twin
     `WARMGATE_DEVCLUSTER_<FIELD>` (upper case), read by `from_env`."""
 
-    # Folder holding pids, logs, certificates, etcd data, pod folders and the kubeconfig.
+    # Folder holding pids, logs, certificates, etcd data, the node's state and the kubeconfig.
     state_dir: Path = field(default_factory=default_state_dir)
-    # Name of the one Node the agent registers.
+    # Name of the one Node.
     node_name: str = "devcluster"
-    # Loopback block pod IPs are taken from (127.0.x.y; never 127.0.0.0/24). Give two clusters
-    # that run at the same time (a user's `make up` and the tests) different blocks.
-    pod_cidr: str = "127.0.16.0/20"
-    # NodePort range of the apiserver; the service proxy listens on these ports on 127.0.0.1.
-    # 31000-32767 is left to test clusters (pytest_plugin), so they never collide with this one.
-    node_port_range: str = "30000-30999"
-    # Container restart back-off: base doubles per restart up to the cap (kubelet: 10s, 300s).
-    restart_backoff_base: float = 10.0
-    restart_backoff_max: float = 300.0
-    # YAML or JSON file mapping image references to local commands (merged over the defaults).
-    image_map_file: Path | None = None
-    # Hugging Face cache handed to warmgate-server containers as HF_HOME.
-    model_cache: Path | None = None
-    # Nominal Node capacity (pods are processes; nothing enforces these).
-    node_cpu: str = "16"
-    node_memory: str = "64Gi"
-    node_pods: str = "110"
-    node_gpus: str = "0"
+    # The link between this machine and the node's network namespace (network.py): a /30 whose
+    # first address is this machine's end (the apiserver listens there) and whose second is the
+    # node's InternalIP. Two clusters running at once (a `make up` and the tests) need
+    # different links and pod networks; pytest_plugin gives each test session its own.
+    node_cidr: str = "10.200.1.0/30"
+    # Pod addresses, routed from this machine through the node (its pods take the first /24).
+    pod_cidr: str = "10.101.0.0/16"
+    # ClusterIPs; only kube-proxy, inside the node's namespace, ever routes them.
+    service_cidr: str = "10.96.0.0/16"
+    # NodePort range of the apiserver; node ports answer on the node's InternalIP.
+    node_port_range: str = "30000-32767"
+    # containerd's root (images, unpacked layers). Kept between runs, outside the state folder,
+    # so the images are imported once, not at every `up`; one cluster at a time may use it.
+    # Default: <cache>/containerd/<cluster name>.
+    containerd_root: Path | None = None
     # cpu.shares of the control plane's cgroup (1024 = one CPU's weight; 0: no cgroup of its
     # own). On a real cluster the control plane runs on other machines; a small weight here lets
     # it use idle CPU without crowding out serving pods when the CPUs are contested.
     control_plane_cpu_shares: int = 256
-    # Seconds to wait for each control-plane component to report healthy.
+    # Seconds to wait for each component to report healthy.
     start_timeout: float = 180.0
 
     def __post_init__(self) -> None:
-        block = ipaddress.ip_network(self.pod_cidr, strict=False)
-        loopback = ipaddress.ip_network("127.0.0.0/8")
-        if not block.subnet_of(loopback) or block.prefixlen > 24 or block.prefixlen < 16:
-            raise ValueError(
-                f"pod_cidr {self.pod_cidr!r} must be a /16../24 block inside 127.0.0.0/8, "
-                "for example 127.0.16.0/20"
-            )
-        if ipaddress.ip_address("127.0.0.1") in block:
-            raise ValueError(f"pod_cidr {self.pod_cidr!r} must not contain 127.0.0.1")
+        networks = {}
+        for name, smallest, largest in (
+            ("node_cidr", 30, 30),
+            ("pod_cidr", 24, 16),
+            ("service_cidr", 24, 12),
+        ):
+            value = getattr(self, name)
+            try:
+                network = ipaddress.ip_network(value)
+            except ValueError as exc:
+                raise ValueError(f"{name} {value!r} is not an IPv4 network: {exc}") from exc
+            if network.version != 4 or not network.is_private or network.is_loopback:
+                raise ValueError(f"{name} {value!r} must be a private IPv4 block (10.x, 172.16.x)")
+            if not largest <= network.prefixlen <= smallest:
+                raise ValueError(f"{name} {value!r} must be a /{largest} to /{smallest} block")
+            networks[name] = network
+        for a, b in (
+            ("node_cidr", "pod_cidr"),
+            ("node_cidr", "service_cidr"),
+            ("pod_cidr", "service_cidr"),
+        ):
+            if networks[a].overlaps(networks[b]):
+                raise ValueError(f"{a} {getattr(self, a)} overlaps {b} {getattr(self, b)}")
         low, _, high = self.node_port_range.partition("-")
         if not (low.isdigit() and high.isdigit() and 0 < int(low) < int(high) < 65536):
             raise ValueError(f"node_port_range {self.node_port_range!r} must look like 30000-32767")
         if self.control_plane_cpu_shares < 0:
             raise ValueError("control_plane_cpu_shares must be >= 0 (0: no cgroup of its own)")
-        if self.restart_backoff_base <= 0 or self.restart_backoff_max < self.restart_backoff_base:
-            raise ValueError(
-                "restart_backoff_base must be > 0 and restart_backoff_max >= restart_backoff_base"
-            )
 
     # Paths inside the state folder.
     @property
@@ -99,8 +119,33 @@ class ClusterConfig:
         return self.state_dir / "logs"
 
     @property
-    def pods_dir(self) -> Path:
-        return self.state_dir / "pods"
+    def network(self) -> NodeNetwork:
+        return NodeNetwork.for_state_dir(
+            self.state_dir, self.node_cidr, self.pod_cidr, self.service_cidr
+        )
+
+    @property
+    def cluster_name(self) -> str:
+        """Names this cluster's cgroups, run folder and default containerd root."""
+        digest = hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:12]
+        return f"warmgate-devcluster-{digest}"
+
+    @property
+    def control_plane_group(self) -> str:
+        return f"{self.cluster_name}-control-plane"
+
+    @property
+    def node_group(self) -> str:
+        return f"{self.cluster_name}-node"
+
+    @property
+    def containerd_dir(self) -> Path:
+        return self.containerd_root or cache_root() / "containerd" / self.cluster_name
+
+    @property
+    def run_dir(self) -> Path:
+        """Sockets and runtime state: short paths (a unix socket path has at most 108 bytes)."""
+        return Path("/run") / self.cluster_name
 
     @property
     def config_file(self) -> Path:
@@ -124,9 +169,9 @@ class ClusterConfig:
             if f.name not in data or data[f.name] is None:
                 continue
             value = data[f.name]
-            if f.name in ("state_dir", "image_map_file", "model_cache"):
+            if f.name in ("state_dir", "containerd_root"):
                 value = Path(value).expanduser().resolve()
-            elif f.name in ("restart_backoff_base", "restart_backoff_max", "start_timeout"):
+            elif f.name == "start_timeout":
                 value = float(value)
             elif f.name == "control_plane_cpu_shares":
                 value = int(value)

@@ -13,12 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmgate_devcluster.pki import Pki
-
-# The kube-controller-manager's EndpointSlice and Endpoints controllers are replaced by
-# devcluster's own (endpointslices.py): the apiserver rejects loopback addresses in IPv4
-# EndpointSlices and Endpoints, and our pod IPs are loopback addresses.
-DISABLED_CONTROLLERS = ("endpoints-controller", "endpointslice-controller")
+from warmgate_devcluster.pki import (
+    ADMIN,
+    APISERVER_KUBELET_CLIENT,
+    FRONT_PROXY_CLIENT,
+    ClientIdentity,
+    Pki,
+)
 
 
 @dataclass(frozen=True)
@@ -28,10 +29,13 @@ class Ports:
     apiserver: int
     controller_manager: int
     scheduler: int
+    # The apiserver listens on this machine's end of the link to the node (network.py), so
+    # that kubelet, kube-proxy and pods reach it; this machine reaches it there too.
+    apiserver_host: str = "127.0.0.1"
 
     @property
     def apiserver_url(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver}"
+        return f"https://{self.apiserver_host}:{self.apiserver}"
 
 
 def etcd_argv(bin_dir: Path, data_dir: Path, ports: Ports) -> list[str]:
@@ -52,36 +56,52 @@ def etcd_argv(bin_dir: Path, data_dir: Path, ports: Ports) -> list[str]:
 
 
 def apiserver_argv(
-    bin_dir: Path, pki: Pki, cert_dir: Path, ports: Ports, node_port_range: str
+    bin_dir: Path,
+    pki: Pki,
+    cert_dir: Path,
+    ports: Ports,
+    service_cidr: str,
+    node_port_range: str,
 ) -> list[str]:
     return [
         str(bin_dir / "kube-apiserver"),
         f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        f"--bind-address={ports.apiserver_host}",
+        f"--advertise-address={ports.apiserver_host}",
         f"--secure-port={ports.apiserver}",
         f"--cert-dir={cert_dir}",
         f"--tls-cert-file={pki.serving_cert}",
         f"--tls-private-key-file={pki.serving_key}",
         f"--client-ca-file={pki.ca_cert}",
         "--authorization-mode=Node,RBAC",
-        "--service-cluster-ip-range=10.0.0.0/24",
+        f"--service-cluster-ip-range={service_cidr}",
         f"--service-node-port-range={node_port_range}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki.sa_pub}",
         f"--service-account-signing-key-file={pki.sa_key}",
         "--allow-privileged=true",
-        # The `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints reject.
-        "--endpoint-reconciler-type=none",
+        # To kubelets (logs, exec, port-forward), by the node's InternalIP.
+        f"--kubelet-client-certificate={pki.client_cert(APISERVER_KUBELET_CLIENT)}",
+        f"--kubelet-client-key={pki.client_key(APISERVER_KUBELET_CLIENT)}",
+        "--kubelet-preferred-address-types=InternalIP",
+        # The aggregation layer (metrics-server's metrics.k8s.io), as kubeadm sets it up;
+        # aggregator routing dials the endpoint's pod address, not the ClusterIP.
+        f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-username-headers=X-Remote-User",
+        f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+        f"--proxy-client-key-file={pki.front_proxy_client_key}",
+        "--enable-aggregator-routing=true",
         "--profiling=false",
         "--v=1",
     ]
 
 
 def controller_manager_argv(
-    bin_dir: Path, pki: Pki, kubeconfig: Path, cert_dir: Path, ports: Ports
+    bin_dir: Path, pki: Pki, kubeconfig: Path, cert_dir: Path, ports: Ports, service_cidr: str
 ) -> list[str]:
-    controllers = ",".join(["*", *(f"-{name}" for name in DISABLED_CONTROLLERS)])
     return [
         str(bin_dir / "kube-controller-manager"),
         f"--kubeconfig={kubeconfig}",
@@ -90,14 +110,14 @@ def controller_manager_argv(
         "--bind-address=127.0.0.1",
         f"--secure-port={ports.controller_manager}",
         f"--cert-dir={cert_dir}",
-        f"--controllers={controllers}",
+        "--controllers=*",
         "--leader-elect=false",
         f"--service-account-private-key-file={pki.sa_key}",
         f"--root-ca-file={pki.ca_cert}",
         f"--cluster-signing-cert-file={pki.ca_cert}",
         f"--cluster-signing-key-file={pki.ca_key}",
         "--use-service-account-credentials=false",
-        "--service-cluster-ip-range=10.0.0.0/24",
+        f"--service-cluster-ip-range={service_cidr}",
         "--profiling=false",
         "--v=1",
     ]
@@ -118,12 +138,20 @@ def scheduler_argv(bin_dir: Path, kubeconfig: Path, cert_dir: Path, ports: Ports
     ]
 
 
-def kubeconfig_yaml(server: str, pki: Pki, *, namespace: str = "default") -> str:
-    """An admin kubeconfig with the certificates embedded, so it works when copied elsewhere."""
+def kubeconfig_yaml(
+    server: str,
+    pki: Pki,
+    identity: ClientIdentity = ADMIN,
+    *,
+    namespace: str = "default",
+) -> str:
+    """A kubeconfig for one client identity with the certificates embedded, so it works when
+    copied elsewhere."""
 
     def b64(path: Path) -> str:
         return base64.b64encode(path.read_bytes()).decode()
 
+    user = f"devcluster-{identity.file_stem}"
     # JSON is valid YAML, and needs no YAML library here.
     config = {
         "apiVersion": "v1",
@@ -136,21 +164,17 @@ def kubeconfig_yaml(server: str, pki: Pki, *, namespace: str = "default") -> str
         ],
         "users": [
             {
-                "name": "devcluster-admin",
+                "name": user,
                 "user": {
-                    "client-certificate-data": b64(pki.admin_cert),
-                    "client-key-data": b64(pki.admin_key),
+                    "client-certificate-data": b64(pki.client_cert(identity)),
+                    "client-key-data": b64(pki.client_key(identity)),
                 },
             }
         ],
         "contexts": [
             {
                 "name": "devcluster",
-                "context": {
-                    "cluster": "devcluster",
-                    "user": "devcluster-admin",
-                    "namespace": namespace,
-                },
+                "context": {"cluster": "devcluster", "user": user, "namespace": namespace},
             }
         ],
         "current-context": "devcluster",

@@ -3,7 +3,8 @@
 Used by the end-to-end tests and `make bench-rollout`: it sends embedding requests at a fixed
 rate (open loop: a slow answer does not slow the sender, as with real users), and keeps, per
 request, the status, latency, and the server's `X-Warmgate-Revision`, `X-Warmgate-Cold` and
-`X-Warmgate-Pod` headers. Only loopback targets are accepted.
+`X-Warmgate-Pod` headers. Only targets on this machine are accepted: loopback, or an address
+inside the networks the caller names (a devcluster's node and pod networks).
 """
 
 from __future__ import annotations
@@ -102,12 +103,18 @@ class LoadReport:
         return statistics.quantiles(latencies, n=100, method="inclusive")[int(q) - 1]
 
 
-def _check_loopback(url: str) -> None:
+def check_local_target(url: str, networks: Iterable[str] = ()) -> None:
+    """Refuse a target outside loopback and `networks`: load never leaves this machine."""
     host = urlsplit(url).hostname or ""
     if host == "localhost":
         return
-    if not ipaddress.ip_address(host).is_loopback:
-        raise ValueError(f"load may only target loopback addresses, not {host}")
+    address = ipaddress.ip_address(host)
+    if address.is_loopback or any(address in ipaddress.ip_network(n) for n in networks):
+        return
+    raise ValueError(
+        f"load may only target loopback or {', '.join(networks) or 'no other network'}, "
+        f"not {host}"
+    )
 
 
 class ConstantRateLoad:
@@ -124,8 +131,9 @@ class ConstantRateLoad:
         payload: dict | None = None,
         timeout_seconds: float = 30.0,
         max_seconds: float = 900.0,
+        networks: Iterable[str] = (),
     ) -> None:
-        _check_loopback(url)
+        check_local_target(url, networks)
         self.url = url
         self.rate = rate
         self.payload = payload or {"input": "warm models answer fast", "model": None}

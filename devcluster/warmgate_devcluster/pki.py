@@ -1,26 +1,56 @@
-"""The cluster's certificates, made with the openssl command (no Python dependency).
+"""The cluster's certificates, made with the `cryptography` package.
 
-A local CA signs the apiserver's serving certificate (127.0.0.1, localhost and the in-cluster
-names) and the admin client certificate (CN=admin, O=system:masters). The service-account
-tokens are signed with their own RSA key pair.
+A cluster CA signs the apiserver's serving certificate and one client certificate per user of
+the apiserver (admin, the node's kubelet, kube-proxy) and the apiserver's own client certificate
+for kubelets. A second CA, the front proxy's, signs the certificate the apiserver presents to
+aggregated APIs (metrics-server), as kubeadm lays it out. Service-account tokens are signed with
+their own RSA key pair.
 """
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
+import datetime
+import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-SERVING_NAMES = (
-    "IP:127.0.0.1",
-    "DNS:localhost",
-    "IP:10.0.0.1",
-    "DNS:kubernetes",
-    "DNS:kubernetes.default",
-    "DNS:kubernetes.default.svc",
-    "DNS:kubernetes.default.svc.cluster.local",
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+SERVING_DNS_NAMES = (
+    "localhost",
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
 )
+FRONT_PROXY_CLIENT = "front-proxy-client"
+VALID_DAYS = 3650
+
+
+@dataclass(frozen=True)
+class ClientIdentity:
+    """A user of the apiserver, as a client certificate names it: CN = user, O = groups."""
+
+    file_stem: str
+    user: str
+    groups: tuple[str, ...] = ()
+
+
+ADMIN = ClientIdentity("admin", "admin", ("system:masters",))
+KUBE_PROXY = ClientIdentity("kube-proxy", "system:kube-proxy")
+# The apiserver's identity towards kubelets (logs, exec, port-forward).
+APISERVER_KUBELET_CLIENT = ClientIdentity(
+    "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
+)
+
+
+def kubelet_identity(node_name: str) -> ClientIdentity:
+    """The Node authorizer admits a kubelet as `system:node:<name>` in `system:nodes`."""
+    return ClientIdentity("kubelet", f"system:node:{node_name}", ("system:nodes",))
 
 
 @dataclass(frozen=True)
@@ -44,12 +74,16 @@ class Pki:
         return self.folder / "apiserver.key"
 
     @property
-    def admin_cert(self) -> Path:
-        return self.folder / "admin.crt"
+    def front_proxy_ca_cert(self) -> Path:
+        return self.folder / "front-proxy-ca.crt"
 
     @property
-    def admin_key(self) -> Path:
-        return self.folder / "admin.key"
+    def front_proxy_client_cert(self) -> Path:
+        return self.folder / "front-proxy-client.crt"
+
+    @property
+    def front_proxy_client_key(self) -> Path:
+        return self.folder / "front-proxy-client.key"
 
     @property
     def sa_key(self) -> Path:
@@ -58,6 +92,20 @@ class Pki:
     @property
     def sa_pub(self) -> Path:
         return self.folder / "sa.pub"
+
+    def client_cert(self, identity: ClientIdentity) -> Path:
+        return self.folder / f"{identity.file_stem}.crt"
+
+    def client_key(self, identity: ClientIdentity) -> Path:
+        return self.folder / f"{identity.file_stem}.key"
+
+    @property
+    def admin_cert(self) -> Path:
+        return self.client_cert(ADMIN)
+
+    @property
+    def admin_key(self) -> Path:
+        return self.client_key(ADMIN)
 
     def exists(self) -> bool:
         paths = (
@@ -72,88 +120,151 @@ class Pki:
         return all(p.is_file() for p in paths)
 
 
-def _openssl(*args: str) -> None:
-    result = subprocess.run(["openssl", *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"openssl {' '.join(args)} failed: {result.stderr.strip()}")
-
-
-def _ec_key(path: Path) -> None:
-    _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(path))
+def _write_key(path: Path, key) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     path.chmod(0o600)
 
 
-def _signed_cert(pki: Pki, key: Path, cert: Path, subject: str, extensions: str) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        csr = Path(tmp) / "req.csr"
-        ext = Path(tmp) / "ext.cnf"
-        ext.write_text(extensions)
-        _openssl("req", "-new", "-key", str(key), "-subj", subject, "-out", str(csr))
-        _openssl(
-            "x509",
-            "-req",
-            "-in",
-            str(csr),
-            "-CA",
-            str(pki.ca_cert),
-            "-CAkey",
-            str(pki.ca_key),
-            "-CAcreateserial",
-            "-days",
-            "3650",
-            "-sha256",
-            "-extfile",
-            str(ext),
-            "-out",
-            str(cert),
+def _write_cert(path: Path, cert: x509.Certificate) -> None:
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _name(common_name: str, organizations: Iterable[str] = ()) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
+    attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    return x509.Name(attributes)
+
+
+class _Authority:
+    """A CA key and certificate that sign leaf certificates."""
+
+    def __init__(self, common_name: str) -> None:
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        subject = _name(common_name)
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(subject)
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False
+            )
+            .sign(self.key, hashes.SHA256())
         )
 
+    def issue(
+        self,
+        key_path: Path,
+        cert_path: Path,
+        subject: x509.Name,
+        *,
+        server: bool = False,
+        dns_names: Iterable[str] = (),
+        ips: Iterable[str] = (),
+    ) -> None:
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=True,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+                critical=False,
+            )
+        )
+        names = [x509.DNSName(name) for name in dns_names]
+        names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+        if names:
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        _write_key(key_path, key)
+        _write_cert(cert_path, builder.sign(self.key, hashes.SHA256()))
 
-def create_pki(folder: Path) -> Pki:
-    """Write a fresh CA, apiserver serving cert, admin client cert and SA key pair."""
+
+def create_pki(
+    folder: Path,
+    *,
+    serving_ips: Iterable[str],
+    clients: Iterable[ClientIdentity] = (ADMIN,),
+) -> Pki:
+    """Write a fresh cluster CA, the apiserver's serving certificate for `serving_ips` (plus the
+    in-cluster names), a client certificate per identity, the front proxy's CA and client
+    certificate, and the service-account key pair."""
     folder.mkdir(parents=True, exist_ok=True)
     pki = Pki(folder)
-    _ec_key(pki.ca_key)
-    _openssl(
-        "req",
-        "-x509",
-        "-new",
-        "-key",
-        str(pki.ca_key),
-        "-subj",
-        "/CN=warmgate-devcluster-ca",
-        "-days",
-        "3650",
-        "-sha256",
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-        "-addext",
-        "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
-        "-out",
-        str(pki.ca_cert),
-    )
-    _ec_key(pki.serving_key)
-    _signed_cert(
-        pki,
+    cluster_ca = _Authority("warmgate-devcluster-ca")
+    _write_key(pki.ca_key, cluster_ca.key)
+    _write_cert(pki.ca_cert, cluster_ca.cert)
+    cluster_ca.issue(
         pki.serving_key,
         pki.serving_cert,
-        "/CN=kube-apiserver",
-        "basicConstraints=CA:FALSE\n"
-        "keyUsage=critical,digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=serverAuth\n"
-        f"subjectAltName={','.join(SERVING_NAMES)}\n",
+        _name("kube-apiserver"),
+        server=True,
+        dns_names=SERVING_DNS_NAMES,
+        ips=dict.fromkeys(["127.0.0.1", *serving_ips]),
     )
-    _ec_key(pki.admin_key)
-    _signed_cert(
-        pki,
-        pki.admin_key,
-        pki.admin_cert,
-        "/O=system:masters/CN=admin",
-        "basicConstraints=CA:FALSE\n"
-        "keyUsage=critical,digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=clientAuth\n",
+    for identity in clients:
+        cluster_ca.issue(
+            pki.client_key(identity),
+            pki.client_cert(identity),
+            _name(identity.user, identity.groups),
+        )
+    front_proxy_ca = _Authority("warmgate-devcluster-front-proxy-ca")
+    _write_cert(pki.front_proxy_ca_cert, front_proxy_ca.cert)
+    front_proxy_ca.issue(
+        pki.front_proxy_client_key, pki.front_proxy_client_cert, _name(FRONT_PROXY_CLIENT)
     )
-    _openssl("genrsa", "-out", str(pki.sa_key), "2048")
-    pki.sa_key.chmod(0o600)
-    _openssl("rsa", "-in", str(pki.sa_key), "-pubout", "-out", str(pki.sa_pub))
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    _write_key(pki.sa_key, sa_key)
+    pki.sa_pub.write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     return pki

@@ -3,16 +3,15 @@ folder) and `namespace` (a fresh namespace per test). Enable with
 
     pytest_plugins = ["warmgate_devcluster.pytest_plugin"]
 
-The cluster takes its own pod-IP block and NodePort window, so it does not collide with a
-`make up` cluster running at the same time. Missing binaries are built (tools/k8s-bin.sh);
-nothing is skipped.
+The cluster takes its own node link and pod network (and containerd root), so it does not collide
+with a `make up` cluster running at the same time. Missing binaries and images are built
+(tools/k8s-bin.sh, tools/node-bin.sh, images.py); nothing is skipped.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import random
 import subprocess
 import tempfile
 import time
@@ -25,7 +24,7 @@ from typing import IO
 import pytest
 
 from warmgate_devcluster.cluster import DevCluster
-from warmgate_devcluster.config import ClusterConfig
+from warmgate_devcluster.config import ClusterConfig, cache_root
 
 
 @dataclass
@@ -61,6 +60,17 @@ class DevClusterHandle:
     def node_name(self) -> str:
         return self.cluster.config.node_name
 
+    @property
+    def node_ip(self) -> str:
+        """The node's InternalIP: a NodePort Service answers here (kube-proxy)."""
+        return self.cluster.node_ip
+
+    @property
+    def networks(self) -> tuple[str, str]:
+        """The node link and the pod network: the only addresses besides loopback a test may
+        send to."""
+        return (self.config.node_cidr, self.config.pod_cidr)
+
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120.0
     ) -> subprocess.CompletedProcess:
@@ -82,7 +92,7 @@ class DevClusterHandle:
         return client
 
     def pids(self) -> list[int]:
-        """Every pid the cluster recorded: control plane, agents and pod processes."""
+        """Every pid the cluster runs: control plane, node, shims and containers."""
         return self.cluster.all_pids()
 
     def close(self) -> None:
@@ -90,26 +100,31 @@ class DevClusterHandle:
             client.close()
 
 
-SLOTS = range(2, 15)  # 13 slots; the default (`make up`) cluster uses block 1 (127.0.16.0/20)
+SLOTS = range(2, 15)  # 13 slots; the default (`make up`) cluster uses network 1
 _LOCK_DIR = Path(tempfile.gettempdir()) / "warmgate-devcluster-slots"
 
 
 @dataclass
 class Slot:
-    """A pod-IP block and NodePort window no other test session on this machine holds.
-    The lock is a flock, so it goes away with the process that holds it, however it ends."""
+    """A node link, pod network and containerd root no other test session on this machine
+    holds. The lock is a flock, so it goes away with the process that holds it, however it
+    ends. Sessions take the lowest free slot, so a lone session always finds the images its
+    slot's containerd imported last time."""
 
     index: int
     _handle: IO
 
     @property
-    def pod_cidr(self) -> str:
-        return f"127.0.{16 * self.index}.0/20"
+    def node_cidr(self) -> str:
+        return f"10.200.{self.index}.0/30"
 
     @property
-    def node_port_range(self) -> str:
-        low = 31000 + 130 * (self.index - SLOTS.start)  # the default cluster keeps 30000-30999
-        return f"{low}-{low + 129}"
+    def pod_cidr(self) -> str:
+        return f"10.{100 + self.index}.0.0/16"
+
+    @property
+    def containerd_root(self) -> Path:
+        return cache_root() / "containerd" / f"test-slot-{self.index}"
 
     def release(self) -> None:
         self._handle.close()
@@ -117,7 +132,7 @@ class Slot:
 
 def reserve_slot() -> Slot:
     _LOCK_DIR.mkdir(parents=True, exist_ok=True)
-    for index in random.sample(list(SLOTS), len(SLOTS)):
+    for index in SLOTS:
         handle = open(_LOCK_DIR / f"slot-{index}.lock", "w")  # noqa: SIM115 - held for the run
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -129,13 +144,12 @@ def reserve_slot() -> Slot:
 
 
 def isolated_config(state_dir: Path, slot: Slot, **overrides) -> ClusterConfig:
-    """A configuration whose pod IPs and NodePorts no other cluster on this machine uses."""
+    """A configuration whose addresses and containerd root no other cluster here uses."""
     settings = {
         "state_dir": state_dir,
+        "node_cidr": slot.node_cidr,
         "pod_cidr": slot.pod_cidr,
-        "node_port_range": slot.node_port_range,
-        "restart_backoff_base": 1.0,
-        "restart_backoff_max": 10.0,
+        "containerd_root": slot.containerd_root,
     }
     settings.update(overrides)
     return ClusterConfig.from_env(**settings)

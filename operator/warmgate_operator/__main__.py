@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -23,6 +25,13 @@ def configure_logging(config: OperatorConfig) -> None:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
 
+def operator_identity() -> str:
+    """This process's name among operators (kopf's peering identity). kopf's default asks the
+    password database for the user name, which fails for the image's numeric user (10001 has no
+    passwd entry), so the pod name (or host and pid) is used instead."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(argv)
@@ -35,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kopf.run(
         registry=registry,
         standalone=True,
+        identity=operator_identity(),
         clusterwide=config.clusterwide,
         namespaces=config.namespaces,
         liveness_endpoint=config.liveness_endpoint,
