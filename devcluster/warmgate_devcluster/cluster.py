@@ -278,8 +278,9 @@ class DevCluster:
         )
         wait(self._containerd_ready, "containerd", containerd)
         self._forget_old_containers()
+        wanted = images.SYSTEM_IMAGES + (images.APP_IMAGES if cfg.app_images else ())
         took = images.import_images(
-            paths.containerd_socket, images.NODE_IMAGES, cfg.logs_dir / "images.log", say=log
+            paths.containerd_socket, wanted, cfg.logs_dir / "images.log", say=log
         )
         for name, seconds in took.items():
             log(f"imported {name} into the node in {seconds:.0f}s")

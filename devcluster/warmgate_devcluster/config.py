@@ -68,6 +68,9 @@ class ClusterConfig:
     # so the images are imported once, not at every `up`; one cluster at a time may use it.
     # Default: <cache>/containerd/<cluster name>.
     containerd_root: Path | None = None
+    # Import warmgate's own images (server with its model, operator) into the node; off, the
+    # node gets only what the cluster itself runs (pause, CoreDNS, metrics-server) and the base.
+    app_images: bool = True
     # cpu.shares of the control plane's cgroup (1024 = one CPU's weight; 0: no cgroup of its
     # own). On a real cluster the control plane runs on other machines; a small weight here lets
     # it use idle CPU without crowding out serving pods when the CPUs are contested.
@@ -175,6 +178,8 @@ class ClusterConfig:
                 value = float(value)
             elif f.name == "control_plane_cpu_shares":
                 value = int(value)
+            elif f.name == "app_images":
+                value = value if isinstance(value, bool) else str(value).lower() in ("1", "true")
             else:
                 value = str(value)
             kwargs[f.name] = value

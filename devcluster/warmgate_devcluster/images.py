@@ -399,9 +399,11 @@ OPERATOR = _image(
     _dockerfile_image("operator/Dockerfile", ("constraints.txt", "operator/warmgate_operator")),
     BASE,
 )
-# What a node gets: the sandbox, the cluster's add-ons (DNS, metrics), the base (plain test
-# pods), the operator and the server with its model.
-NODE_IMAGES = (PAUSE, COREDNS, METRICS_SERVER, BASE, OPERATOR, SERVER_MINILM)
+# What every node gets: the sandbox, the cluster's add-ons (DNS, metrics) and the base (plain
+# test pods); and, unless a cluster is told otherwise, warmgate's own: the operator and the
+# server with its model.
+SYSTEM_IMAGES = (PAUSE, COREDNS, METRICS_SERVER, BASE)
+APP_IMAGES = (OPERATOR, SERVER_MINILM)
 
 
 # ------------------------------------------------------------------ into containerd

@@ -1,9 +1,9 @@
-"""Polling with deadlines and small object builders for the devcluster tests."""
+"""Polling with deadlines and small object builders for the devcluster tests: pods that run
+`testserver.py` (this folder) in the base image, the script mounted from a ConfigMap."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -11,12 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from warmgate_devcluster.images import BASE
+
 T = TypeVar("T")
 
-TESTSERVER = "warmgate.dev/testserver:latest"
+TESTSERVER_SCRIPT = Path(__file__).with_name("testserver.py")
+TESTSERVER_CONFIGMAP = "testserver"
 
 
-def wait_for(check: Callable[[], T], what: str, timeout: float = 60.0, interval: float = 0.1) -> T:
+def wait_for(check: Callable[[], T], what: str, timeout: float = 60.0, interval: float = 0.2) -> T:
     """Poll `check` until it returns something truthy; fail with `what` at the deadline."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
@@ -49,6 +52,15 @@ def condition(pod, kind: str) -> str | None:
     return None
 
 
+def script_configmap() -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": TESTSERVER_CONFIGMAP},
+        "data": {"testserver.py": TESTSERVER_SCRIPT.read_text()},
+    }
+
+
 def server_container(
     *args: str,
     name: str = "web",
@@ -56,14 +68,23 @@ def server_container(
     readiness: bool = True,
     liveness: bool = False,
     env: list[dict] | None = None,
+    resources: dict | None = None,
 ) -> dict:
     container = {
         "name": name,
-        "image": TESTSERVER,
+        "image": BASE.name,
+        "imagePullPolicy": "Never",
+        "command": ["python3", "-u", "/opt/testserver/testserver.py"],
         "args": list(args),
         "ports": [{"name": "http", "containerPort": 8080}],
-        "env": env or [],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            *(env or []),
+        ],
+        "volumeMounts": [{"name": "testserver", "mountPath": "/opt/testserver"}],
     }
+    if resources:
+        container["resources"] = resources
     if readiness:
         container["readinessProbe"] = {
             "httpGet": {"path": "/ready", "port": "http"},
@@ -79,12 +100,21 @@ def server_container(
     return container
 
 
+def _pod_spec(container: dict, **spec) -> dict:
+    return {
+        "terminationGracePeriodSeconds": 5,
+        "containers": [container],
+        "volumes": [{"name": "testserver", "configMap": {"name": TESTSERVER_CONFIGMAP}}],
+        **spec,
+    }
+
+
 def pod_manifest(name: str, container: dict, **spec) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {"terminationGracePeriodSeconds": 5, "containers": [container], **spec},
+        "spec": _pod_spec(container, **spec),
     }
 
 
@@ -96,10 +126,7 @@ def deployment_manifest(name: str, container: dict, replicas: int = 1, **spec) -
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"terminationGracePeriodSeconds": 5, "containers": [container]},
-            },
+            "template": {"metadata": {"labels": {"app": name}}, "spec": _pod_spec(container)},
             **spec,
         },
     }
@@ -118,21 +145,10 @@ def nodeport_service(name: str) -> dict:
     }
 
 
-def container_pid(pod) -> int | None:
-    statuses = pod.status.container_statuses or []
-    if not statuses or not statuses[0].container_id:
-        return None
-    return int(statuses[0].container_id.rsplit("/", 1)[1])
-
-
-CGROUPS_WRITABLE = os.geteuid() == 0 and os.access("/sys/fs/cgroup/cpu", os.W_OK)
-NO_CGROUPS = "CPU cgroups need root and a writable cgroup v1 cpu controller"
-
-
-def cpu_cgroup(pid: int) -> Path | None:
-    """The cgroup v1 `cpu` folder a process is in (None: the root of the hierarchy)."""
+def cgroup_of(pid: int, controller: str = "cpu") -> str | None:
+    """A process's cgroup path in one v1 hierarchy."""
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _hierarchy, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(",") and path != "/":
-            return Path("/sys/fs/cgroup/cpu") / path.lstrip("/")
+        if controller in controllers.split(","):
+            return path
     return None
