@@ -23,6 +23,7 @@ from typing import IO
 
 import pytest
 
+from warmgate_devcluster import cgroups
 from warmgate_devcluster.cluster import DevCluster
 from warmgate_devcluster.config import ClusterConfig, cache_root
 
@@ -90,6 +91,18 @@ class DevClusterHandle:
         client = self.cluster.api_client()
         self._clients.append(client)
         return client
+
+    def container_pids(self, pod: dict, container: str) -> list[int]:
+        """Host pids of one container of a pod (from the cgroup kubelet made for it): what a
+        test signals to crash a container for real, as an OOM kill or a segfault would."""
+        status = next(
+            s for s in pod["status"]["containerStatuses"] if s["name"] == container
+        )
+        container_id = status["containerID"].rpartition("/")[2]
+        root = cgroups.V1_CPU / self.config.cluster_name
+        for group in root.rglob(container_id):
+            return [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+        return []
 
     def pids(self) -> list[int]:
         """Every pid the cluster runs: control plane, node, shims and containers."""

@@ -17,6 +17,7 @@ from typing import Any, Self, TypeVar
 
 import yaml
 
+from warmgate_devcluster import images
 from warmgate_devcluster.config import repo_root
 
 T = TypeVar("T")
@@ -58,9 +59,10 @@ def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------- warmgate on a devcluster, for tests
-UNMAPPED_IMAGE = "registry.invalid/warmgate/not-mapped:1"
-"""An image the devcluster's image map does not know: its pods are created and stay in
-ErrImagePull, running no process (objects to reconcile without real servers on 2 cores)."""
+UNMAPPED_IMAGE = "registry.invalid/warmgate/not-imported:1"
+"""An image the devcluster's node does not hold and cannot pull (its network namespace has no
+route out): its pods are created and stay in ErrImagePull, running no container (objects to
+reconcile without real servers on 2 cores)."""
 
 
 def _checkout_file(relative: str) -> Path:
@@ -100,11 +102,14 @@ def tiny_minilm(name: str = "minilm", image: str | None = None) -> dict[str, Any
 
 class OperatorProcess:
     """`python -m warmgate_operator ARGS` against a cluster (its `env`: KUBECONFIG), output in
-    `log_path`, in a session of its own and stopped by its pid."""
+    `log_path`, in a session of its own and stopped by its pid. Server pods default to the image
+    the devcluster's node holds with the model baked in (they cannot download one here)."""
 
     def __init__(self, cluster: Any, log_path: Path, *args: str) -> None:
         self.env = dict(cluster.env, PYTHONUNBUFFERED="1")
         self.log_path = log_path
+        if not any(arg.startswith("--default-image") for arg in args):
+            args = (f"--default-image={images.SERVER_MINILM.name}", *args)
         self.args = args
         self.proc: subprocess.Popen[bytes] | None = None
 

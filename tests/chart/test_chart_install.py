@@ -1,13 +1,13 @@
-"""`helm install` into the devcluster, then the operator exactly as the installed Deployment
-would run it (image entrypoint + the manifest's args, the chart ServiceAccount's token), driving
-a real MiniLM server pod to Ready. RBAC is the chart's and nothing else: the first test shows a
-missing rule is caught, the second that the chart's rules are enough."""
+"""`helm install` into the devcluster: the chart's Deployment runs the operator image on the
+node, in-cluster, as the chart's ServiceAccount (its token, its RBAC and nothing else), and drives
+a real MiniLM server container to Ready. The first test shows the image starts as the chart
+runs it, the second that a missing rule is caught, the third that the chart's rules are
+enough."""
 
 from __future__ import annotations
 
 import json
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,17 +18,19 @@ import pytest
 import yaml
 from chart_support import (
     CHART,
+    DEVCLUSTER_VALUES,
     ROOT,
     UNMAPPED_IMAGE,
-    InstalledOperator,
     condition,
-    free_port,
     get_json,
     helm,
-    service_account_kubeconfig,
+    log_messages,
+    operator_log,
     tiny_minilm,
     wait_until,
 )
+
+from warmgate_devcluster.images import OPERATOR
 
 pytestmark = pytest.mark.cluster
 
@@ -43,47 +45,34 @@ class Release:
     name: str
     namespace: str
     fullname: str
-    health_port: int
-    operator: InstalledOperator
+
+
+def operator_pod(cluster: Any, namespace: str, release: str) -> dict[str, Any] | None:
+    pods = get_json(
+        cluster, "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}"
+    )["items"]
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    return live[0] if len(live) == 1 else None
 
 
 @pytest.fixture(scope="module")
-def release(devcluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+def release(devcluster: Any) -> Iterator[Release]:
     """The chart installed with its defaults (cluster-wide ClusterRole) into a fresh namespace,
-    and its operator running. Module-scoped: the tests share one warming server pod."""
+    its operator running on the node. Module-scoped: the tests share one warming server pod."""
     namespace = f"chart-{uuid.uuid4().hex[:8]}"
     name = f"wg-{namespace}"  # ClusterRoles are cluster-wide: one name per release
-    tmp = tmp_path_factory.mktemp("chart-install")
-    health_port = free_port()
     devcluster.kubectl("create", "namespace", namespace)
     helm(
         devcluster, "install", name, str(CHART), "--namespace", namespace,
-        "--set", f"healthPort={health_port}", "--set", "resyncSeconds=5",
+        *DEVCLUSTER_VALUES, "--set", "resyncSeconds=5", "--wait", "--timeout=3m",
     )  # fmt: skip
     try:
-        (deployment,) = get_json(
-            devcluster, "deployment", "-n", namespace, "-l", f"app.kubernetes.io/instance={name}"
-        )["items"]
-        account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-        kubeconfig = service_account_kubeconfig(
-            devcluster, namespace, account, tmp / "operator.kubeconfig"
-        )
-        operator = InstalledOperator(deployment, kubeconfig, tmp / "operator.log")
-        yield Release(name, namespace, f"{name}-warmgate", health_port, operator)
+        yield Release(name, namespace, f"{name}-warmgate")
     finally:
-        if (tmp / "operator.log").exists():  # shown by pytest when a test failed
-            print("\n".join((tmp / "operator.log").read_text().splitlines()[-40:]))
+        # shown by pytest when a test failed
+        print("\n".join(operator_log(devcluster, namespace, name).splitlines()[-40:]))
         helm(devcluster, "uninstall", name, "--namespace", namespace, check=False)
         devcluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-
-
-@pytest.fixture(scope="module")
-def running(release: Release) -> Iterator[Release]:
-    release.operator.start()
-    try:
-        yield release
-    finally:
-        release.operator.stop()
 
 
 def apply_minilm(cluster: Any, namespace: str) -> None:
@@ -94,86 +83,98 @@ def server_pods(cluster: Any, namespace: str) -> list[dict[str, Any]]:
     return get_json(cluster, "pods", "-n", namespace, "-l", "warmgate.dev/service=minilm")["items"]
 
 
-def test_installed_deployment_runs_the_image_entrypoint_with_the_charts_arguments(
-    devcluster: Any, running: Release
+def test_the_operator_image_runs_in_cluster_as_the_chart_configures_it(
+    devcluster: Any, release: Release
 ) -> None:
-    operator = running.operator
-    assert "command" not in operator.container, "the image's ENTRYPOINT must run"
-    assert operator.argv[1:3] == ["-m", "warmgate_operator"]
-    assert f"--liveness-endpoint=http://0.0.0.0:{running.health_port}/healthz" in operator.argv
-    assert operator.service_account == running.fullname
+    pod = wait_until(
+        lambda: operator_pod(devcluster, release.namespace, release.name), 60, "operator pod"
+    )
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    assert "command" not in container, "the image's ENTRYPOINT must run"
+    assert container["image"] == OPERATOR.name and container["imagePullPolicy"] == "Never"
+    assert spec["serviceAccountName"] == release.fullname
+    assert spec["securityContext"]["runAsUser"] == 10001
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
 
-    # The chart's liveness probe target answers once kopf is up.
-    def healthy() -> bool:
-        assert operator.alive(), operator.log()[-3000:]
-        try:
-            url = f"http://127.0.0.1:{running.health_port}/healthz"
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
+    # kubelet's liveness probe (kopf's health endpoint) passes, and it stays up: no restarts.
+    def settled() -> dict[str, Any] | None:
+        current = operator_pod(devcluster, release.namespace, release.name)
+        status = (current or {}).get("status", {}).get("containerStatuses") or [{}]
+        return current if status[0].get("ready") else None
 
-    wait_until(healthy, 60, "the operator's liveness endpoint")
+    pod = wait_until(settled, 120, "the operator container to run")
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["restartCount"] == 0, operator_log(devcluster, release.namespace, release.name)
+    events = get_json(
+        devcluster, "events", "-n", release.namespace,
+        "--field-selector", f"involvedObject.name={pod['metadata']['name']}",
+    )["items"]  # fmt: skip
+    assert not [e for e in events if e.get("reason") == "Unhealthy"], events
+    # It talks to the apiserver as its ServiceAccount, through the in-cluster Service and DNS.
+    messages = log_messages(operator_log(devcluster, release.namespace, release.name))
+    assert messages, "the operator logs JSON lines (the chart's logFormat)"
 
 
 def test_without_pods_status_patch_the_warm_gate_stays_shut(
-    devcluster: Any, running: Release
+    devcluster: Any, release: Release
 ) -> None:
     """Drop the one rule the warm gate needs from the installed ClusterRole: the server warms,
     but the operator cannot open the gate, so nothing is Ready and the log says why (403)."""
-    role = get_json(devcluster, "clusterrole", running.fullname)
+    role = get_json(devcluster, "clusterrole", release.fullname)
     rules = role["rules"]
     index = next(i for i, rule in enumerate(rules) if rule["resources"] == ["pods/status"])
     devcluster.kubectl(
-        "patch", "clusterrole", running.fullname, "--type=json",
+        "patch", "clusterrole", release.fullname, "--type=json",
         "-p", json.dumps([{"op": "remove", "path": f"/rules/{index}"}]),
     )  # fmt: skip
     try:
-        apply_minilm(devcluster, running.namespace)
+        apply_minilm(devcluster, release.namespace)
 
         def denied() -> bool:
-            assert running.operator.alive(), running.operator.log()[-3000:]
-            return any(RBAC_DENIAL in line for line in running.operator.messages())
+            log = operator_log(devcluster, release.namespace, release.name)
+            return any(RBAC_DENIAL in line for line in log_messages(log))
 
-        wait_until(denied, READY_TIMEOUT, "a 403 on pods/status in the operator's log", every=1)
-        (pod,) = server_pods(devcluster, running.namespace)
+        wait_until(denied, READY_TIMEOUT, "a 403 on pods/status in the operator's log", every=2)
+        (pod,) = server_pods(devcluster, release.namespace)
         assert condition(pod, "ContainersReady").get("status") == "True"  # the server is warm
         assert condition(pod, WARMED).get("status") != "True"
         assert condition(pod, "Ready").get("status") != "True"
-        emb = get_json(devcluster, "emb", "minilm", "-n", running.namespace)
+        emb = get_json(devcluster, "emb", "minilm", "-n", release.namespace)
         assert condition(emb, "Ready").get("status") != "True", emb.get("status")
         assert emb["status"].get("warmedReplicas", 0) == 0
     finally:
         # `helm upgrade` puts the chart's rules back (three-way merge against the live object).
         helm(
-            devcluster, "upgrade", running.name, str(CHART), "--namespace", running.namespace,
+            devcluster, "upgrade", release.name, str(CHART), "--namespace", release.namespace,
             "--reuse-values",
         )  # fmt: skip
-    restored = get_json(devcluster, "clusterrole", running.fullname)
+    restored = get_json(devcluster, "clusterrole", release.fullname)
     assert restored["rules"] == rules
 
 
 def test_with_the_charts_rules_minilm_becomes_ready_and_warmed(
-    devcluster: Any, running: Release
+    devcluster: Any, release: Release
 ) -> None:
-    log_offset = len(running.operator.log())
-    apply_minilm(devcluster, running.namespace)
+    seen = len(log_messages(operator_log(devcluster, release.namespace, release.name)))
+    apply_minilm(devcluster, release.namespace)
     started = time.monotonic()
     result = devcluster.kubectl(
-        "wait", "--for=condition=Ready", "emb/minilm", "-n", running.namespace,
+        "wait", "--for=condition=Ready", "emb/minilm", "-n", release.namespace,
         f"--timeout={READY_TIMEOUT}s", check=False, timeout=READY_TIMEOUT + 30,
     )  # fmt: skip
-    emb = get_json(devcluster, "emb", "minilm", "-n", running.namespace)
+    emb = get_json(devcluster, "emb", "minilm", "-n", release.namespace)
     assert result.returncode == 0, (result.stderr, emb.get("status"))
     print(f"Ready after {time.monotonic() - started:.0f}s")
     status = emb["status"]
     assert status["readySummary"] == "1/1"
     assert status["warmedReplicas"] == 1
     assert condition(emb, "Warmed")["status"] == "True"
-    (pod,) = server_pods(devcluster, running.namespace)
+    (pod,) = server_pods(devcluster, release.namespace)
     assert condition(pod, WARMED)["status"] == "True"
     # An RBAC denial reads `... is forbidden: User "system:serviceaccount:..." cannot ...`.
-    denials = [line for line in running.operator.messages(log_offset) if "forbidden: User" in line]
+    log = operator_log(devcluster, release.namespace, release.name)
+    denials = [line for line in log_messages(log)[seen:] if "forbidden: User" in line]
     assert not denials, denials[:3]
 
 
@@ -193,18 +194,21 @@ def test_crds_upgrade_with_the_documented_command(devcluster: Any, release: Rele
 
 
 def test_watching_one_namespace_runs_on_a_role_there_and_nothing_more(
-    devcluster: Any, namespace: str, tmp_path: Path
+    devcluster: Any, namespace: str, release: Release
 ) -> None:
     """`watchNamespaces`: a Role in the namespace plus the discovery-only ClusterRole. The
-    operator, run from that Deployment's args as its ServiceAccount, reconciles an
-    EmbeddingService there (pods stay in ErrImagePull: no server process is needed)."""
+    operator, in-cluster as that release's ServiceAccount, reconciles an EmbeddingService there
+    (its pods stay in ErrImagePull: no server is needed). The cluster-wide release of this
+    module is scaled to zero meanwhile, so only the namespaced operator can have done it."""
+    cluster_wide = ("deployment", release.fullname, "-n", release.namespace)
+    devcluster.kubectl("scale", *cluster_wide, "--replicas=0")
     name = f"wgn-{namespace}"
-    helm(
-        devcluster, "install", name, str(CHART), "--namespace", namespace,
-        "--set", f"watchNamespaces={{{namespace}}}", "--set", f"healthPort={free_port()}",
-    )  # fmt: skip
-    operator = None
     try:
+        helm(
+            devcluster, "install", name, str(CHART), "--namespace", namespace,
+            *DEVCLUSTER_VALUES, "--set", f"watchNamespaces={{{namespace}}}",
+            "--wait", "--timeout=3m",
+        )  # fmt: skip
         (deployment,) = get_json(
             devcluster, "deployment", "-n", namespace, "-l", f"app.kubernetes.io/instance={name}"
         )["items"]
@@ -219,29 +223,25 @@ def test_watching_one_namespace_runs_on_a_role_there_and_nothing_more(
         assert can("patch", "pods", namespace, "--subresource=status") == "yes"
         assert can("patch", "pods", "default", "--subresource=status") == "no"
         assert can("create", "deployments", "default") == "no"
-        kubeconfig = service_account_kubeconfig(
-            devcluster, namespace, account, tmp_path / "operator.kubeconfig"
-        )
-        operator = InstalledOperator(deployment, kubeconfig, tmp_path / "operator.log").start()
-        assert f"--namespace={namespace}" in operator.argv
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert f"--namespace={namespace}" in args
         body = tiny_minilm("minilm", image=UNMAPPED_IMAGE)
         devcluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
 
         def degraded_status() -> dict[str, Any] | None:
-            assert operator.alive(), operator.log()[-3000:]
             emb = get_json(devcluster, "emb", "minilm", "-n", namespace)
             status = emb.get("status") or {}
             current = status.get("observedGeneration") == emb["metadata"]["generation"]
             return emb if current and condition(emb, "Degraded").get("status") == "True" else None
 
-        emb = wait_until(degraded_status, 90, "status written by the namespaced operator")
+        emb = wait_until(degraded_status, 120, "status written by the namespaced operator")
         assert condition(emb, "Degraded")["reason"] == "PodsFailing"
         for kind, child in (("deployment", "minilm"), ("service", "minilm"),
                             ("configmap", "minilm-warmup-profile")):  # fmt: skip
             assert get_json(devcluster, kind, child, "-n", namespace) is not None, kind
-        denials = [line for line in operator.messages() if "forbidden: User" in line]
+        log = operator_log(devcluster, namespace, name)
+        denials = [line for line in log_messages(log) if "forbidden: User" in line]
         assert not denials, denials[:3]
     finally:
-        if operator is not None:
-            operator.stop()
         helm(devcluster, "uninstall", name, "--namespace", namespace, check=False)
+        devcluster.kubectl("scale", *cluster_wide, "--replicas=1", check=False)

@@ -96,6 +96,11 @@ def node_port(kube: Kube, name: str) -> int:
     return int(service["spec"]["ports"][0]["nodePort"])
 
 
+def service_url(kube: Kube, name: str, path: str = "/v1/embeddings") -> str:
+    """The Service through its node port on the node's address: kube-proxy picks the pod."""
+    return f"http://{kube.devcluster.node_ip}:{node_port(kube, name)}{path}"
+
+
 def wait_ready(kube: Kube, name: str, revision: str, replicas: int, timeout: float = 300) -> dict:
     """Until the EmbeddingService reports Ready with `replicas` pods of `revision` and no
     others (a finished rollout)."""

@@ -7,7 +7,7 @@ import json
 import urllib.request
 
 import pytest
-from e2e_support import embedding_service, node_port, wait_for, wait_ready
+from e2e_support import embedding_service, service_url, wait_for, wait_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -40,7 +40,7 @@ def test_observed_shapes_feed_the_profile_and_new_pods_warm_them(kube, operator)
     )
     wait_ready(kube, "observed", "v1", replicas=1)
     (first_pod,) = kube.pods("observed")
-    url = f"http://127.0.0.1:{node_port(kube, 'observed')}/v1/embeddings"
+    url = service_url(kube, "observed")
     _, headers = post(url, THREE)
     assert headers["X-Warmgate-Cold"] == "1"  # 3 x 16 was never planned: the first one is cold
     for _ in range(9):

@@ -372,6 +372,15 @@ def child_writes(stats: dict[str, Any]) -> dict[str, int]:
     }
 
 
+def stats_written_after(path: Path, moment: float) -> dict[str, Any]:
+    """The operator's stats file once it has been rewritten after `moment` (wall clock)."""
+
+    def fresh() -> dict[str, Any] | None:
+        return json.loads(path.read_text()) if path.stat().st_mtime > moment else None
+
+    return wait_until(fresh, timeout=30, what=f"{path.name} rewritten")
+
+
 def test_idle_operator_writes_nothing(
     devcluster: Any, crd: None, namespace: str, tmp_path: Path
 ) -> None:
@@ -423,9 +432,12 @@ def test_idle_operator_writes_nothing(
                         ]
             return out
 
-        before, stats_before = versions(), json.loads(stats_file.read_text())
+        # The operator rewrites its stats file once a second: a snapshot read at once may predate
+        # the very writes whose results were just observed (it did, under load), so only a file
+        # written after this moment counts.
+        before, stats_before = versions(), stats_written_after(stats_file, time.time())
         time.sleep(3 * float(RESYNC) + 2)  # several resyncs
-        stats_after = json.loads(stats_file.read_text())
+        stats_after = stats_written_after(stats_file, time.time())
         assert versions() == before
         assert child_writes(stats_after) == child_writes(stats_before)
         assert stats_after["reconciles"] > stats_before["reconciles"]  # it did look
