@@ -112,8 +112,7 @@ def check_local_target(url: str, networks: Iterable[str] = ()) -> None:
     if address.is_loopback or any(address in ipaddress.ip_network(n) for n in networks):
         return
     raise ValueError(
-        f"load may only target loopback or {', '.join(networks) or 'no other network'}, "
-        f"not {host}"
+        f"load may only target loopback or {', '.join(networks) or 'no other network'}, not {host}"
     )
 
 

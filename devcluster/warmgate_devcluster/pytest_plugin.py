@@ -95,9 +95,7 @@ class DevClusterHandle:
     def container_pids(self, pod: dict, container: str) -> list[int]:
         """Host pids of one container of a pod (from the cgroup kubelet made for it): what a
         test signals to crash a container for real, as an OOM kill or a segfault would."""
-        status = next(
-            s for s in pod["status"]["containerStatuses"] if s["name"] == container
-        )
+        status = next(s for s in pod["status"]["containerStatuses"] if s["name"] == container)
         container_id = status["containerID"].rpartition("/")[2]
         root = cgroups.V1_CPU / self.config.cluster_name
         for group in root.rglob(container_id):

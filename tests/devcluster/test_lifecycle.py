@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dc_helpers import pod_manifest, server_container, script_configmap, wait_for
+from dc_helpers import pod_manifest, script_configmap, server_container, wait_for
 
 from warmgate_devcluster import cgroups, procs
 from warmgate_devcluster.cluster import COMPONENTS, CONTROL_PLANE, NODE, DevCluster, mounts_under

@@ -16,8 +16,8 @@ from dc_helpers import (
     http_json,
     nodeport_service,
     pod_manifest,
-    server_container,
     script_configmap,
+    server_container,
     wait_for,
 )
 from kubernetes import client
