@@ -144,6 +144,7 @@ class ConstantRateLoad:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
+        self.started_wall = 0.0
 
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
@@ -157,6 +158,8 @@ class ConstantRateLoad:
 
     def start(self) -> None:
         self._t0 = time.monotonic()
+        # Wall clock at the start, to set samples beside Kubernetes' timestamps.
+        self.started_wall = time.time()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
         self._thread.start()
 

@@ -174,12 +174,22 @@ async def _hand_over_replicas(client: Client, current: Mapping[str, Any]) -> Non
     )
 
 
-async def ensure(client: Client, kind: ResourceKind, desired: Mapping[str, Any]) -> ApplyOutcome:
-    """Make the child match `desired`, writing only when something differs."""
+_UNREAD: Any = object()
+
+
+async def ensure(
+    client: Client,
+    kind: ResourceKind,
+    desired: Mapping[str, Any],
+    current: Mapping[str, Any] | None = _UNREAD,
+) -> ApplyOutcome:
+    """Make the child match `desired`, writing only when something differs. `current` is the
+    live object when the caller has just read it (None: it does not exist)."""
     meta = desired["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     owner_uid = _owner_uid(desired)
-    current = await client.get(kind, namespace, name)
+    if current is _UNREAD:
+        current = await client.get(kind, namespace, name)
     if current is not None:
         holder = controller_uid(current)
         if holder is not None and holder != owner_uid:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,14 @@ APP_NAME = "warmgate-server"
 MANAGED_BY = "warmgate"
 
 DEFAULT_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
+
+# The startup probe's budget when the spec leaves probes.startupTimeoutSeconds unset: three times
+# the slowest start measured (status.startupSeconds), in whole minutes, from 2 minutes to an hour;
+# 10 minutes until a pod has been measured.
+UNMEASURED_STARTUP_BUDGET = 600
+MIN_STARTUP_BUDGET = 120
+MAX_STARTUP_BUDGET = 3600
+STARTUP_BUDGET_FACTOR = 3
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,57 @@ def resources(spec: EmbeddingServiceSpec) -> dict[str, dict[str, str]]:
     return out
 
 
+def measured_startup_budget(startup_seconds: float | None) -> int:
+    """The budget a measured start calls for (see STARTUP_BUDGET_FACTOR)."""
+    if startup_seconds is None:
+        return UNMEASURED_STARTUP_BUDGET
+    minutes = math.ceil(startup_seconds * STARTUP_BUDGET_FACTOR / 60)
+    return min(MAX_STARTUP_BUDGET, max(MIN_STARTUP_BUDGET, minutes * 60))
+
+
+def live_startup_budget(deployment: Mapping[str, Any] | None) -> int | None:
+    """The budget a live Deployment's pods run with (failureThreshold x periodSeconds)."""
+    spec = ((deployment or {}).get("spec") or {}).get("template", {}).get("spec") or {}
+    for container in spec.get("containers") or []:
+        probe = container.get("startupProbe") if container.get("name") == SERVER_CONTAINER else None
+        if probe and probe.get("failureThreshold") and probe.get("periodSeconds"):
+            return int(probe["failureThreshold"]) * int(probe["periodSeconds"])
+    return None
+
+
+def startup_budget(
+    spec: EmbeddingServiceSpec,
+    owner: Owner,
+    default_image: str,
+    image_pull_secrets: Sequence[str],
+    startup_seconds: float | None,
+    live: Mapping[str, Any] | None,
+) -> int:
+    """The startup probe's budget in seconds: the spec's, or sized from the measured start.
+
+    The budget is part of the pod template, and a template change rolls every pod, so a
+    measurement alone only raises it (pods close to being killed must not wait) and is otherwise
+    taken at the next rollout for another reason: a new model, image or setting.
+    """
+    if spec.probes.startup_timeout_seconds is not None:
+        return spec.probes.startup_timeout_seconds
+    wanted = measured_startup_budget(startup_seconds)
+    if spec.rollout.progress_deadline_seconds is not None:
+        # The Deployment must not be declared failed while its pods may still warm: whole probe
+        # periods that end before the deadline.
+        period = spec.probes.period_seconds
+        within = (spec.rollout.progress_deadline_seconds - 1) // period * period
+        wanted = max(period, min(wanted, within))
+    current = live_startup_budget(live)
+    if current is None or wanted >= current:
+        return wanted
+    kept = build_pod_template(spec, owner, default_image, image_pull_secrets, current)
+    live_hash = (live or {})["spec"]["template"]["metadata"].get("annotations", {})
+    if kept["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == live_hash.get(SPEC_HASH_ANNOTATION):
+        return current
+    return wanted
+
+
 def termination_grace_seconds(spec: EmbeddingServiceSpec) -> int:
     return PRESTOP_SLEEP_SECONDS + spec.rollout.drain_seconds + EXIT_MARGIN_SECONDS
 
@@ -182,9 +242,11 @@ def build_pod_template(
     owner: Owner,
     default_image: str,
     image_pull_secrets: Sequence[str] = (),
+    startup_budget_seconds: int = UNMEASURED_STARTUP_BUDGET,
 ) -> dict[str, Any]:
     """The server pods' template. `image_pull_secrets` (the operator's
-    `--server-image-pull-secret`) are Secret names in the EmbeddingService's namespace."""
+    `--server-image-pull-secret`) are Secret names in the EmbeddingService's namespace;
+    `startup_budget_seconds` is what `startup_budget` chose."""
     period = spec.probes.period_seconds
     container: dict[str, Any] = {
         "name": SERVER_CONTAINER,
@@ -208,7 +270,9 @@ def build_pod_template(
         "livenessProbe": _probe("/healthz", 10, 3),
         "readinessProbe": _probe("/ready", period, 2),
         # Holds liveness off until warm, and bounds a warmup that never ends.
-        "startupProbe": _probe("/ready", period, spec.probes.startup_failure_threshold),
+        "startupProbe": _probe(
+            "/ready", period, spec.probes.startup_failure_threshold(startup_budget_seconds)
+        ),
         "lifecycle": {
             # Lets endpoint removal reach every proxy before the server starts draining.
             "preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}
@@ -290,6 +354,7 @@ def build_deployment(
     owner: Owner,
     default_image: str,
     image_pull_secrets: Sequence[str] = (),
+    startup_budget_seconds: int = UNMEASURED_STARTUP_BUDGET,
 ) -> dict[str, Any]:
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(owner.name)},
@@ -300,9 +365,11 @@ def build_deployment(
                 "maxUnavailable": spec.rollout.max_unavailable,
             },
         },
-        "progressDeadlineSeconds": spec.progress_deadline_seconds,
+        "progressDeadlineSeconds": spec.progress_deadline_seconds(startup_budget_seconds),
         "revisionHistoryLimit": 5,
-        "template": build_pod_template(spec, owner, default_image, image_pull_secrets),
+        "template": build_pod_template(
+            spec, owner, default_image, image_pull_secrets, startup_budget_seconds
+        ),
     }
     # With autoscaling on, the HPA owns the replica count: the field is left out entirely so
     # server-side apply never fights it.
@@ -474,12 +541,18 @@ def build_children(
     default_image: str,
     observed_shapes: Iterable[Mapping[str, Any]] = (),
     image_pull_secrets: Sequence[str] = (),
+    startup_seconds: float | None = None,
+    live_deployment: Mapping[str, Any] | None = None,
 ) -> DesiredChildren:
     """Every child; `default_image` serves when the spec names no image, and its pods pull it
-    with `image_pull_secrets`."""
+    with `image_pull_secrets`. `startup_seconds` (status.startupSeconds) and the live Deployment
+    size the startup probe when the spec does not (`startup_budget`)."""
+    budget = startup_budget(
+        spec, owner, default_image, image_pull_secrets, startup_seconds, live_deployment
+    )
     return DesiredChildren(
         configmap=build_configmap(spec, owner, observed_shapes),
-        deployment=build_deployment(spec, owner, default_image, image_pull_secrets),
+        deployment=build_deployment(spec, owner, default_image, image_pull_secrets, budget),
         service=build_service(spec, owner),
         hpa=build_hpa(spec, owner),
         pdb=build_pdb(spec, owner),

@@ -67,17 +67,22 @@ class ReconcileResult:
 async def _apply_children(
     ctx: Reconciler, body: Mapping[str, Any], spec: Any, owner: Owner
 ) -> tuple[dict[str, Any] | None, list[apply.ApplyOutcome]]:
-    observed = (body.get("status") or {}).get("observedShapes") or []
+    status = body.get("status") or {}
+    # The Deployment is always read: for the status, and because the startup budget its pods
+    # run with decides whether a new measurement changes the template (builders.startup_budget).
+    live = await ctx.client.get(DEPLOYMENT, owner.namespace, owner.name)
     desired = build_children(
         spec,
         owner,
         ctx.config.default_image,
-        observed,
+        status.get("observedShapes") or [],
         image_pull_secrets=ctx.config.server_image_pull_secrets,
+        startup_seconds=status.get("startupSeconds"),
+        live_deployment=live,
     )
     cache = ctx.cache
     outcomes = []
-    # The ConfigMap first (new pods mount it); the Deployment is always read, for the status.
+    # The ConfigMap first (new pods mount it).
     for kind, name, child in (
         (CONFIGMAP, configmap_name(owner.name), desired.configmap),
         (SERVICE, owner.name, desired.service),
@@ -90,6 +95,8 @@ async def _apply_children(
             continue
         if child is None:
             outcome = await apply.ensure_absent(ctx.client, kind, owner.namespace, name, owner.uid)
+        elif kind == DEPLOYMENT:
+            outcome = await apply.ensure(ctx.client, kind, child, current=live)
         else:
             outcome = await apply.ensure(ctx.client, kind, child)
         cache.remember(owner.uid, kind, name, digest)

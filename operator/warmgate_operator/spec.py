@@ -81,13 +81,14 @@ class WarmupSpec:
 
 @dataclass(frozen=True)
 class ProbesSpec:
-    startup_timeout_seconds: int = 600
+    # None: sized from the measured startup (builders.startup_budget).
+    startup_timeout_seconds: int | None = None
     period_seconds: int = 5
 
-    @property
-    def startup_failure_threshold(self) -> int:
-        """How many failed startup probes a warmup may take before the kubelet restarts it."""
-        return max(1, math.ceil(self.startup_timeout_seconds / self.period_seconds))
+    def startup_failure_threshold(self, budget_seconds: int) -> int:
+        """How many failed startup probes a pod may take, loading and warming, before the
+        kubelet restarts it: the whole budget, in probe periods."""
+        return max(1, math.ceil(budget_seconds / self.period_seconds))
 
 
 @dataclass(frozen=True)
@@ -160,12 +161,11 @@ class EmbeddingServiceSpec:
     service: ServiceSpec = field(default_factory=ServiceSpec)
     node_selector: Mapping[str, str] = field(default_factory=dict)
 
-    @property
-    def progress_deadline_seconds(self) -> int:
+    def progress_deadline_seconds(self, startup_budget_seconds: int) -> int:
         """The rollout's deadline: explicit, or the startup budget plus ten minutes."""
         if self.rollout.progress_deadline_seconds is not None:
             return self.rollout.progress_deadline_seconds
-        return self.probes.startup_timeout_seconds + 600
+        return startup_budget_seconds + 600
 
     @property
     def min_pods(self) -> int:

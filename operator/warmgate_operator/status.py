@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from .builders import (
     MODEL_ID_ANNOTATION,
     MODEL_REVISION_ANNOTATION,
+    SERVER_CONTAINER,
     WARMED_CONDITION,
     selector_string,
 )
@@ -77,6 +79,34 @@ def is_pod_warmed(pod: Mapping[str, Any]) -> bool:
 def is_pod_ready(pod: Mapping[str, Any]) -> bool:
     cond = _condition(pod, "Ready")
     return cond is not None and cond.get("status") == "True"
+
+
+def _epoch(timestamp: Any) -> float | None:
+    try:
+        moment = datetime.strptime(str(timestamp), "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=UTC).timestamp()
+
+
+def startup_seconds(pod: Mapping[str, Any]) -> float | None:
+    """How long the pod's server took from its container's start to its probe passing
+    (loading and warming): what the startup probe's budget must cover. None until it has."""
+    ready = _condition(pod, "ContainersReady")
+    if ready is None or ready.get("status") != "True":
+        return None
+    for status in _get(pod, "status", "containerStatuses", default=[]):
+        if status.get("name") == SERVER_CONTAINER:
+            started = _epoch(_get(status, "state", "running", "startedAt"))
+            became_ready = _epoch(ready.get("lastTransitionTime"))
+            if started is not None and became_ready is not None and became_ready >= started:
+                return became_ready - started
+    return None
+
+
+def slowest_startup(pods: Iterable[Mapping[str, Any]]) -> float | None:
+    measured = [s for s in map(startup_seconds, pods) if s is not None]
+    return max(measured) if measured else None
 
 
 def _live(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -303,11 +333,18 @@ def compute_status(
     meta = body["metadata"]
     previous = body.get("status") or {}
     generation = int(meta.get("generation") or 0)
+    pods = list(pods)
     counts, conditions = evaluate(spec, meta["name"], deployment, pods, problem)
     status: dict[str, Any] = {"observedGeneration": generation, **counts}
     for key in CARRIED_FIELDS:
         if key in previous:
             status[key] = previous[key]
+    # The slowest start of the pods there now; the last one measured while none has started.
+    slowest = slowest_startup(pods)
+    if slowest is not None:
+        status["startupSeconds"] = int(slowest)
+    elif "startupSeconds" in previous:
+        status["startupSeconds"] = previous["startupSeconds"]
     status["conditions"] = merge_conditions(
         previous.get("conditions") or [], conditions, generation, now
     )

@@ -376,3 +376,55 @@ def test_builders_are_deterministic() -> None:
     assert builders.content_hash(children().deployment) == builders.content_hash(
         children().deployment
     )
+
+
+# ------------------------------------------------------------------ the startup probe's budget
+def startup_probe_budget(deployment: dict[str, Any]) -> int:
+    probe = container(deployment)["startupProbe"]
+    return probe["failureThreshold"] * probe["periodSeconds"]
+
+
+def budget_children(
+    startup_seconds: float | None, live: dict[str, Any] | None, **overrides: Any
+) -> builders.DesiredChildren:
+    spec = parse_spec(example_spec(**{"probes.startupTimeoutSeconds": None, **overrides}))
+    return build_children(
+        spec, OWNER, DEFAULT_SERVER_IMAGE, startup_seconds=startup_seconds, live_deployment=live
+    )
+
+
+@pytest.mark.parametrize(
+    ("measured", "budget"),
+    [(None, 600), (0.5, 120), (39.5, 120), (50, 180), (400, 1200), (2e4, 3600)],
+)
+def test_an_unset_startup_timeout_is_three_times_the_measured_start(measured, budget) -> None:
+    assert builders.measured_startup_budget(measured) == budget
+    first = budget_children(measured, live=None).deployment
+    assert startup_probe_budget(first) == budget
+    assert first["spec"]["progressDeadlineSeconds"] == budget + 600
+
+
+def test_a_measurement_alone_does_not_roll_the_pods_to_a_smaller_budget() -> None:
+    live = budget_children(None, live=None).deployment  # created before any pod had started
+    assert startup_probe_budget(live) == 600
+    # The pods started in 12 s: 3 x 12 s rounds to 2 minutes, but nothing else changed, so the
+    # template (and every running pod) stays as it is.
+    kept = budget_children(12, live).deployment
+    assert kept["spec"]["template"] == live["spec"]["template"]
+    # The next rollout for another reason (a new revision) takes the measured budget along.
+    reload = budget_children(12, live, **{"model.revision": "v2"}).deployment
+    assert startup_probe_budget(reload) == 120
+
+
+def test_a_start_close_to_the_budget_raises_it_at_once() -> None:
+    live = budget_children(None, live=None).deployment
+    raised = budget_children(250, live).deployment  # 3 x 250 s: 13 minutes > 10
+    assert startup_probe_budget(raised) == 780
+
+
+def test_an_explicit_startup_timeout_wins_and_the_deadline_bounds_the_measured_one() -> None:
+    explicit = budget_children(500, None, **{"probes.startupTimeoutSeconds": 90}).deployment
+    assert startup_probe_budget(explicit) == 90
+    capped = budget_children(500, None, **{"rollout.progressDeadlineSeconds": 900}).deployment
+    assert startup_probe_budget(capped) == 898  # whole probe periods (2 s) within the deadline
+    assert capped["spec"]["progressDeadlineSeconds"] == 900

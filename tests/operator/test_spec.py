@@ -24,7 +24,7 @@ def test_minimal_spec_gets_the_documented_defaults() -> None:
     assert spec.batching.max_concurrent_requests == 512
     assert spec.warmup.batch_sizes == (1, 8, 32)
     assert spec.warmup.sequence_buckets == (32, 64, 128, 256)
-    assert spec.probes.startup_timeout_seconds == 600
+    assert spec.probes.startup_timeout_seconds is None  # sized from the measured start
     assert spec.probes.period_seconds == 5
     assert (spec.rollout.max_surge, spec.rollout.max_unavailable) == (1, 0)
     assert spec.rollout.warm_gate is True
@@ -32,7 +32,7 @@ def test_minimal_spec_gets_the_documented_defaults() -> None:
     assert spec.autoscaling.scale_up.stabilization_window_seconds == 0
     assert spec.autoscaling.scale_down.stabilization_window_seconds == 300
     assert (spec.service.type, spec.service.port) == ("ClusterIP", 80)
-    assert spec.progress_deadline_seconds == 600 + 600
+    assert spec.progress_deadline_seconds(600) == 600 + 600
 
 
 def test_pods_metric_alone_drops_the_cpu_target() -> None:
@@ -57,7 +57,7 @@ def test_startup_failure_threshold_covers_the_whole_timeout(timeout: int, period
             "probes": {"startupTimeoutSeconds": timeout, "periodSeconds": period},
         }
     )
-    threshold = spec.probes.startup_failure_threshold
+    threshold = spec.probes.startup_failure_threshold(spec.probes.startup_timeout_seconds)
     assert threshold == max(1, math.ceil(timeout / period))
     # The kubelet gives up after threshold * period seconds: never before the timeout.
     assert threshold * period >= timeout
@@ -74,7 +74,7 @@ def test_startup_failure_threshold_examples(startup: int, period: int, expected:
             "probes": {"startupTimeoutSeconds": startup, "periodSeconds": period},
         }
     )
-    assert spec.probes.startup_failure_threshold == expected
+    assert spec.probes.startup_failure_threshold(startup) == expected
 
 
 @pytest.mark.parametrize(

@@ -281,3 +281,37 @@ def test_an_event_is_due_only_when_degraded_turns_true_or_changes_reason():
     changed = newly_degraded(status("True", "PodsFailing"), status("True", "WarmupFailed"))
     assert changed["reason"] == "WarmupFailed"
     assert newly_degraded(status("True", "PodsFailing"), status("False", "AsExpected")) is None
+
+
+def started_pod(started: str, ready_at: str | None, restarts: int = 0) -> dict[str, Any]:
+    conditions = []
+    if ready_at is not None:
+        conditions.append(
+            {"type": "ContainersReady", "status": "True", "lastTransitionTime": ready_at}
+        )
+    return {
+        "metadata": {"name": "p", "labels": {}},
+        "status": {
+            "conditions": conditions,
+            "containerStatuses": [
+                {
+                    "name": "server",
+                    "restartCount": restarts,
+                    "state": {"running": {"startedAt": started}},
+                }
+            ],
+        },
+    }
+
+
+def test_startup_seconds_is_the_slowest_current_pods_start_and_kept_meanwhile() -> None:
+    pods = [
+        started_pod("2026-11-29T22:00:00Z", "2026-11-29T22:00:14Z"),
+        started_pod("2026-11-29T22:01:00Z", "2026-11-29T22:01:31Z"),
+        started_pod("2026-11-29T22:02:00Z", None),  # still warming: not measured yet
+    ]
+    status = compute_status(SPEC, es(), deployment(), pods, T0)
+    assert status["startupSeconds"] == 31
+    # No pod has finished starting (a rollout just replaced them all): the last value stays.
+    later = compute_status(SPEC, es(status=status), deployment(), pods[2:], T1)
+    assert later["startupSeconds"] == 31
