@@ -157,3 +157,16 @@ def test_server_timing_header_is_read_as_milliseconds() -> None:
     # warmgate-server's stages add up to its `embed` total, which is what counts, not their sum
     stages = "tokenize;dur=0.4, queue;dur=0.1, model;dur=14.0, model-cpu;dur=13.5, embed;dur=15.2"
     assert server_timing_ms(stages) == 15.2
+
+
+def test_a_machine_that_cannot_run_the_node_is_told_what_it_needs(monkeypatch):
+    from warmgate_devcluster import cluster
+
+    monkeypatch.setattr(cluster.platform, "system", lambda: "Darwin")
+    with pytest.raises(cluster.NodeUnsupported, match="Linux"):
+        cluster.preflight()
+    monkeypatch.setattr(cluster.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
+    with pytest.raises(cluster.NodeUnsupported, match="root") as raised:
+        cluster.preflight()
+    assert "Installing into a real cluster" in str(raised.value)
