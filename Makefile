@@ -138,8 +138,9 @@ clean: down ## Remove the venv, devcluster state and caches in the checkout
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 .PHONY: help
-help: ## Show this help
-	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m [VAR=value]\n"} \
-	  /^[a-zA-Z0-9_-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } \
-	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+help: ## Show this help (in colour on a terminal)
+	@if [[ -t 1 ]]; then cyan=$$'\033[36m' bold=$$'\033[1m' reset=$$'\033[0m'; else cyan= bold= reset=; fi; \
+	awk -v c="$$cyan" -v b="$$bold" -v r="$$reset" 'BEGIN {FS = ":.*##"; printf "Usage: make %s<target>%s [VAR=value]\n", c, r} \
+	  /^[a-zA-Z0-9_-]+:.*?##/ { printf "  %s%-16s%s %s\n", c, $$1, r, $$2 } \
+	  /^##@/ { printf "\n%s%s%s\n", b, substr($$0, 5), r }' $(MAKEFILE_LIST)
 	@printf "\nVariables (override with VAR=value): PYTHON VENV PYTEST_ARGS EXAMPLE K8S_VERSION ETCD_VERSION HELM_VERSION IMAGE_REGISTRY IMAGE_TAG CONTAINER_TOOL\n"
