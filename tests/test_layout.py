@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +28,14 @@ def test_python_dash_m_runs_each_part_from_any_folder(tmp_path):
         assert "usage" in result.stdout.lower()
 
 
-def test_test_module_names_are_unique():
-    # pytest's default import mode imports test modules by basename.
-    names = Counter(path.name for path in (ROOT / "tests").rglob("test_*.py"))
-    assert [name for name, count in names.items() if count > 1] == []
+def test_test_helpers_live_in_the_support_package():
+    # Test files are named after what they test and imported by path (pytest's importlib
+    # mode); whatever they share is in tests/support, importable as `support`.
+    stray = [
+        path.relative_to(ROOT / "tests")
+        for path in (ROOT / "tests").rglob("*.py")
+        if path.name != "conftest.py"
+        and not path.name.startswith("test_")
+        and "support" not in path.relative_to(ROOT / "tests").parts
+    ]
+    assert stray == []

@@ -28,10 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "devcluster")]
+from warmgate_devcluster.testkit import UNMAPPED_IMAGE
 
-from warmgate_devcluster.testkit import UNMAPPED_IMAGE  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 CRD_FILE = ROOT / "crds" / "warmgate.dev_embeddingservices.yaml"
 NAMESPACE = "bench-operator"

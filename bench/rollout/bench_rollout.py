@@ -34,27 +34,21 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-
-from e2e_support import (  # noqa: E402
+from warmgate_devcluster.cluster import DevCluster
+from warmgate_devcluster.loadgen import ConstantRateLoad, LoadReport
+from warmgate_devcluster.pytest_plugin import DevClusterHandle, isolated_config, reserve_slot
+from warmgate_devcluster.testkit import (
     Kube,
-    OperatorProcess,
+    NamespacedOperator,
     condition,
     embedding_service,
     install_crd,
     service_url,
-    wait_for,
     wait_ready,
+    wait_until,
 )
 
-from warmgate_devcluster.cluster import DevCluster  # noqa: E402
-from warmgate_devcluster.loadgen import ConstantRateLoad, LoadReport  # noqa: E402
-from warmgate_devcluster.pytest_plugin import (  # noqa: E402
-    DevClusterHandle,
-    isolated_config,
-    reserve_slot,
-)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class StatusWatch:
@@ -156,14 +150,14 @@ def run_reload(kube: Kube, name: str, rate: float, gate: bool, cpu: str) -> dict
     url = service_url(kube, name)
     watch = StatusWatch(kube.devcluster, kube.namespace, name)
     try:
-        wait_for(lambda: watch.rolled_out("v1", 2), 60, "the status watch to start")
+        wait_until(lambda: watch.rolled_out("v1", 2), 60, "the status watch to start")
         with ConstantRateLoad(url, rate=rate, networks=kube.devcluster.networks) as load:
-            wait_for(lambda: load.elapsed() >= 15, 60, "15 s of steady traffic", every=0.1)
+            wait_until(lambda: load.elapsed() >= 15, 60, "15 s of steady traffic", every=0.1)
             changed = load.elapsed()
             kube.patch("embeddingservice", name, {"spec": {"model": {"revision": "v2"}}})
-            wait_for(lambda: watch.rolled_out("v2", 2), 600, "the rollout to v2", every=0.1)
+            wait_until(lambda: watch.rolled_out("v2", 2), 600, "the rollout to v2", every=0.1)
             done = load.elapsed()
-            wait_for(lambda: load.elapsed() >= done + 15, 60, "15 s after the rollout", every=0.1)
+            wait_until(lambda: load.elapsed() >= done + 15, 60, "15 s after the rollout", every=0.1)
             end = load.elapsed()
     finally:
         watch.close()
@@ -171,7 +165,7 @@ def run_reload(kube: Kube, name: str, rate: float, gate: bool, cpu: str) -> dict
     warmups = pod_warmups(kube, name)
     # Its pods' CPU goes back to the node before the next run is scheduled.
     kube.run("delete", "embeddingservice", name, "--wait=true")
-    wait_for(lambda: not kube.pods(name), 120, f"{name}'s pods to be gone")
+    wait_until(lambda: not kube.pods(name), 120, f"{name}'s pods to be gone")
     report = load.report
     return {
         "warm_gate_and_warmup": gate,
@@ -242,7 +236,7 @@ def main() -> int:
         install_crd(handle)
         handle.kubectl("create", "namespace", "bench")
         kube = Kube(handle, "bench")
-        operator = OperatorProcess(handle, "bench", work / "operator.log")
+        operator = NamespacedOperator(handle, "bench", work / "operator.log")
         operator.start()
         results = [run_reload(kube, "gated", args.rate, gate=True, cpu=args.cpu)]
         if not args.no_control:

@@ -31,7 +31,7 @@ from typing import Any
 from loadgen import REPO, SHORT_SENTENCES, closed_loop, markdown_table, probe_shapes
 
 from warmgate_server.config import ServerConfig
-from warmgate_server.runner import plan_threads, usable_cpus
+from warmgate_server.cpus import plan_threads, usable_cpus
 from warmgate_server.testing import ServerProcess, minilm_path
 
 MFLOP_PER_TOKEN = 22.0

@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
-
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "server") not in sys.path:
-    sys.path.insert(0, str(REPO / "server"))
 
 # Common English words that are one WordPiece token each, so "n words" is n + 2 tokens.
 WORDS = [

@@ -381,7 +381,7 @@ METRICS_SERVER = _image(
     METRICS_SERVER_IMAGE, _binary_image("metrics-server", ["/metrics-server"], "65534:65534")
 )
 COREDNS = _image(COREDNS_IMAGE, _binary_image("coredns", ["/coredns"], "65534:65534"))
-_SERVER_SOURCES = ("constraints.txt", "server/warmgate_server")
+_SERVER_SOURCES = ("constraints.txt", "contract/warmgate_contract", "server/warmgate_server")
 SERVER = _image(SERVER_IMAGE, _dockerfile_image("server/Dockerfile", _SERVER_SOURCES), BASE)
 SERVER_MINILM = _image(
     SERVER_MINILM_IMAGE,
@@ -396,7 +396,10 @@ SERVER_MINILM = _image(
 )
 OPERATOR = _image(
     OPERATOR_IMAGE,
-    _dockerfile_image("operator/Dockerfile", ("constraints.txt", "operator/warmgate_operator")),
+    _dockerfile_image(
+        "operator/Dockerfile",
+        ("constraints.txt", "contract/warmgate_contract", "operator/warmgate_operator"),
+    ),
     BASE,
 )
 # What every node gets: the sandbox, the cluster's add-ons (DNS, metrics) and the base (plain

@@ -8,12 +8,13 @@ Either check failing leads to one apply; an unchanged spec costs reads only.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any, Protocol
+
+from kubernetes.utils import parse_quantity as kubernetes_quantity
 
 from .builders import content_hash
 from .config import FIELD_MANAGER
@@ -59,44 +60,14 @@ def with_hash(desired: Mapping[str, Any]) -> dict[str, Any]:
     return obj
 
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
-_SUFFIX = {
-    "": Decimal(1),
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
-}
-
-
 def parse_quantity(value: Any) -> Decimal | None:
-    """A Kubernetes quantity's value, or None when `value` is not one."""
-    if isinstance(value, bool):
+    """A Kubernetes quantity's value (the client library's parser), or None when `value` is
+    not one."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
         return None
-    if isinstance(value, int | float):
-        return Decimal(str(value))
-    if not isinstance(value, str):
-        return None
-    match = _QUANTITY.match(value)
-    if not match:
-        return None
-    number, suffix = match.group(1), match.group(2) or ""
     try:
-        if suffix[:1] in ("e", "E"):
-            return Decimal(number + suffix)
-        return Decimal(number) * _SUFFIX[suffix]
-    except (InvalidOperation, KeyError):
+        return kubernetes_quantity(value)
+    except (ValueError, ArithmeticError):
         return None
 
 

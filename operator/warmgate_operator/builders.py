@@ -13,31 +13,39 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .gate import SERVER_CONTAINER, WARMED_CONDITION
-from .spec import API_VERSION, KIND, EmbeddingServiceSpec
+from warmgate_contract.flags import render_args
+from warmgate_contract.names import (
+    API_VERSION,
+    APP_NAME,
+    INSTANCE_LABEL,
+    KIND,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    MODEL_ID_ANNOTATION,
+    MODEL_REVISION_ANNOTATION,
+    NAME_LABEL,
+    PROFILE_DIR,
+    PROFILE_KEY,
+    PROFILE_PATH,
+    SERVER_CONTAINER,
+    SERVER_PORT,
+    SERVER_PORT_NAME,
+    SERVICE_LABEL,
+    SPEC_HASH_ANNOTATION,
+    WARMED_CONDITION,
+)
+from warmgate_contract.report import ProfileEntry, render_profile
+from warmgate_contract.shapes import Shape
 
-SERVER_PORT = 8080
-SERVER_PORT_NAME = "http"
+from .spec import EmbeddingServiceSpec
+
 SERVER_USER_ID = 10001
 PRESTOP_SLEEP_SECONDS = 5
 # Time the server may take after its drain to flush logs and exit, on top of preStop + drain.
 EXIT_MARGIN_SECONDS = 10
 
-PROFILE_DIR = "/etc/warmgate/profile"
-PROFILE_KEY = "profile.json"
-PROFILE_PATH = f"{PROFILE_DIR}/{PROFILE_KEY}"
 CACHE_DIR = "/var/cache/warmgate"
 MODELS_DIR = "/var/lib/warmgate/models"
-
-SPEC_HASH_ANNOTATION = "warmgate.dev/spec-hash"
-MODEL_ID_ANNOTATION = "warmgate.dev/model-id"
-MODEL_REVISION_ANNOTATION = "warmgate.dev/model-revision"
-SERVICE_LABEL = "warmgate.dev/service"
-NAME_LABEL = "app.kubernetes.io/name"
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-APP_NAME = "warmgate-server"
-MANAGED_BY = "warmgate"
 
 DEFAULT_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
 
@@ -110,10 +118,6 @@ def _metadata(owner: Owner, name: str) -> dict[str, Any]:
     }
 
 
-def _csv(values: Iterable[int]) -> str:
-    return ",".join(str(v) for v in values)
-
-
 def model_path(spec: EmbeddingServiceSpec) -> str:
     """What `--model` gets: a folder on the claim, or the id resolved from the HF cache."""
     volume = spec.model.volume
@@ -123,37 +127,32 @@ def model_path(spec: EmbeddingServiceSpec) -> str:
 
 
 def server_args(spec: EmbeddingServiceSpec) -> list[str]:
-    """The server's flags (docs/contract.md), one `--flag=value` item each."""
+    """The server's flags (the contract's table), one `--flag=value` item each."""
     model, batching, warmup = spec.model, spec.batching, spec.warmup
-    args = [
-        f"--model={model_path(spec)}",
-        f"--model-revision={model.revision}",
-    ]
-    if model.served_name:
-        args.append(f"--served-model-name={model.served_name}")
-    args += [
-        f"--port={SERVER_PORT}",
-        f"--device={spec.runtime.device}",
-        f"--dtype={spec.runtime.dtype}",
-        f"--pooling={model.pooling}",
-        "--normalize" if model.normalize else "--no-normalize",
-    ]
-    if model.max_input_length is not None:
-        args.append(f"--max-input-length={model.max_input_length}")
-    args += [
-        f"--max-batch-size={batching.max_batch_size}",
-        f"--max-batch-tokens={batching.max_batch_tokens}",
-        f"--max-wait-ms={batching.max_wait_milliseconds}",
-        f"--max-concurrent-requests={batching.max_concurrent_requests}",
-        f"--payload-limit={batching.payload_limit_bytes}",
-        f"--sequence-buckets={_csv(warmup.sequence_buckets)}",
-        f"--warmup-batch-sizes={_csv(warmup.batch_sizes)}",
-        f"--warmup-profile={PROFILE_PATH}",
-        "--pad-batch" if batching.pad_batch else "--no-pad-batch",
-        "--warmup" if warmup.enabled else "--no-warmup",
-        f"--drain-seconds={spec.rollout.drain_seconds}",
-    ]
-    return args
+    return render_args(
+        {
+            "model": model_path(spec),
+            "model_revision": model.revision,
+            "served_model_name": model.served_name,
+            "port": SERVER_PORT,
+            "device": spec.runtime.device,
+            "dtype": spec.runtime.dtype,
+            "pooling": model.pooling,
+            "normalize": model.normalize,
+            "max_input_length": model.max_input_length,
+            "max_batch_size": batching.max_batch_size,
+            "max_batch_tokens": batching.max_batch_tokens,
+            "max_wait_ms": batching.max_wait_milliseconds,
+            "max_concurrent_requests": batching.max_concurrent_requests,
+            "payload_limit": batching.payload_limit_bytes,
+            "sequence_buckets": warmup.sequence_buckets,
+            "warmup_batch_sizes": warmup.batch_sizes,
+            "warmup_profile": PROFILE_PATH,
+            "pad_batch": batching.pad_batch,
+            "warmup": warmup.enabled,
+            "drain_seconds": spec.rollout.drain_seconds,
+        }
+    )
 
 
 def resources(spec: EmbeddingServiceSpec) -> dict[str, dict[str, str]]:
@@ -497,17 +496,10 @@ def build_pdb(spec: EmbeddingServiceSpec, owner: Owner) -> dict[str, Any] | None
 
 
 def warmup_profile(observed_shapes: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """The profile file's JSON (docs/contract.md), most frequent shapes first."""
-    shapes = [
-        {
-            "batch_size": int(s["batch_size"]),
-            "seq_len": int(s["seq_len"]),
-            "count": int(s.get("count", 0)),
-        }
-        for s in observed_shapes
-    ]
-    shapes.sort(key=lambda s: (-s["count"], s["batch_size"], s["seq_len"]))
-    return {"shapes": shapes}
+    """The profile file's JSON (the contract's format), most frequent shapes first."""
+    return render_profile(
+        ProfileEntry(Shape.from_json(item), int(item.get("count", 0))) for item in observed_shapes
+    )
 
 
 def build_configmap(

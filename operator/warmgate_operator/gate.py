@@ -6,25 +6,26 @@ a verdict and the pod condition to write come out. `gatekeeper` does the fetchin
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-WARMED_CONDITION = "warmgate.dev/warmed"
-_UNBOUNDED = 1 << 62
-SERVER_CONTAINER = "server"
-
-# Condition reasons (CamelCase, as Kubernetes API conventions ask).
-REASON_VERIFIED = "WarmupVerified"
-REASON_NOT_READY = "ReportNotReady"
-REASON_MODEL_MISMATCH = "ModelMismatch"
-REASON_REVISION_MISMATCH = "RevisionMismatch"
-REASON_SHAPES_MISSING = "ShapesNotWarmed"
-REASON_UNREACHABLE = "ReportUnreachable"
-REASON_BAD_REPORT = "ReportInvalid"
-REASON_TOO_SLOW = "VerificationTooSlow"
-REASON_RESTARTED = "ContainerRestarted"
-REASON_FAILED = "WarmupFailed"
+from warmgate_contract import flags
+from warmgate_contract.names import (
+    REASON_BAD_REPORT,
+    REASON_FAILED,
+    REASON_MODEL_MISMATCH,
+    REASON_NOT_READY,
+    REASON_REVISION_MISMATCH,
+    REASON_SHAPES_MISSING,
+    REASON_VERIFIED,
+    SERVER_CONTAINER,
+    SERVER_PORT,
+    SERVER_PORT_NAME,
+    WARMED_CONDITION,
+)
+from warmgate_contract.report import FAILED, READY, ReadyReport, ReportError
+from warmgate_contract.shapes import Shape, plan_warmup
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Expectation:
 
     model_id: str
     revision: str
-    required_shapes: frozenset[tuple[int, int]]
+    required_shapes: frozenset[Shape]
     port: int
 
 
@@ -45,15 +46,11 @@ class Verdict:
     message: str
     warmup_seconds: float | None = None
     # A shape whose steady latency the gatekeeper may time a verification request against.
-    probe_shape: tuple[int, int] | None = None
+    probe_shape: Shape | None = None
     steady_ms: float | None = None
     # Whether retrying can help (a model mismatch will not fix itself; a warming pod will).
     retryable: bool = True
     details: Mapping[str, Any] = field(default_factory=dict)
-
-
-def _csv_ints(value: str) -> list[int]:
-    return [int(part) for part in value.split(",") if part.strip()]
 
 
 def _container(pod: Mapping[str, Any], name: str = SERVER_CONTAINER) -> Mapping[str, Any] | None:
@@ -64,149 +61,112 @@ def _container(pod: Mapping[str, Any], name: str = SERVER_CONTAINER) -> Mapping[
     return containers[0] if containers else None
 
 
-def server_settings(container: Mapping[str, Any]) -> dict[str, str]:
-    """The server's settings as the container sets them: `--flag value` / `--flag=value` args
-    win over their `WARMGATE_*` environment twins (the server's own precedence)."""
-    settings: dict[str, str] = {}
-    for env in container.get("env", []) or []:
-        name = env.get("name", "")
-        if name.startswith("WARMGATE_") and "value" in env:
-            flag = name.removeprefix("WARMGATE_").lower().replace("_", "-")
-            settings[flag] = str(env["value"])
+def server_settings(container: Mapping[str, Any]) -> dict[str, Any]:
+    """The server settings the container gives explicitly ({flag dest: value}): its args win
+    over their `WARMGATE_*` environment twins, as in the server itself. ValueError/KeyError
+    when it asks for something the server would refuse to parse."""
+    environ = {
+        item["name"]: str(item["value"])
+        for item in container.get("env", []) or []
+        if "value" in item and str(item.get("name", "")).startswith(flags.ENV_PREFIX)
+    }
     args = [str(arg) for arg in (container.get("command", []) or [])[1:]]
     args += [str(arg) for arg in container.get("args", []) or []]
-    index = 0
-    while index < len(args):
-        arg = args[index]
-        if arg.startswith("--"):
-            name, eq, value = arg[2:].partition("=")
-            if eq:
-                settings[name] = value
-            elif index + 1 < len(args) and not args[index + 1].startswith("--"):
-                settings[name] = args[index + 1]
-                index += 1
-            else:
-                settings[name] = "true"
-        index += 1
-    return settings
+    return flags.read_args(args, environ)
 
 
-def planned_grid(
-    batch_sizes: Iterable[int], buckets: Iterable[int], max_batch_tokens: int, max_batch_size: int
-) -> frozenset[tuple[int, int]]:
-    """The configured shapes the server must warm: batch sizes x buckets within the token budget.
-    Mirrors the server's plan so the operator does not take the report's word for what is due."""
-    return frozenset(
-        (batch, bucket)
-        for batch in batch_sizes
-        for bucket in buckets
-        if batch <= max_batch_size and batch * bucket <= max_batch_tokens
-    )
-
-
-def expectation_for(pod: Mapping[str, Any], default_port: int = 8080) -> Expectation | None:
-    """Read the expectation from the pod's server container; None when the pod is not a server."""
+def expectation_for(pod: Mapping[str, Any], default_port: int = SERVER_PORT) -> Expectation | None:
+    """Read the expectation from the pod's server container; None when the pod is not a
+    server (or asks for flags no server accepts)."""
     container = _container(pod)
     if container is None:
         return None
-    settings = server_settings(container)
-    if "model" not in settings:
+    try:
+        given = server_settings(container)
+    except (KeyError, ValueError):
         return None
+    if not given.get("model"):
+        return None
+    settings = flags.settings(given)
     port = default_port
     for declared in container.get("ports", []) or []:
-        if declared.get("name") == "http" and declared.get("containerPort"):
+        if declared.get("name") == SERVER_PORT_NAME and declared.get("containerPort"):
             port = int(declared["containerPort"])
-    if "port" in settings:
-        port = int(settings["port"])
-    shapes: frozenset[tuple[int, int]] = frozenset()
-    if "warmup-batch-sizes" in settings and "sequence-buckets" in settings:
-        batch_sizes = _csv_ints(settings["warmup-batch-sizes"])
-        buckets = _csv_ints(settings["sequence-buckets"])
-        shapes = planned_grid(
-            batch_sizes,
-            buckets,
-            int(settings.get("max-batch-tokens", str(_UNBOUNDED))),
-            int(settings.get("max-batch-size", str(max(batch_sizes, default=1)))),
-        )
+    if "port" in given:
+        port = int(given["port"])
+    # The configured grid only: the profile's shapes are the server's to add, and the report's
+    # own plan must be warm too (evaluate_report).
+    plan = plan_warmup(
+        settings["warmup_batch_sizes"],
+        settings["sequence_buckets"],
+        settings["max_batch_tokens"],
+        settings["max_batch_size"],
+    )
     return Expectation(
         model_id=settings["model"],
-        revision=settings.get("model-revision", "main"),
-        required_shapes=shapes,
+        revision=settings["model_revision"],
+        required_shapes=frozenset(plan.shapes),
         port=port,
     )
 
 
-def _shape_set(items: Sequence[Mapping[str, Any]]) -> frozenset[tuple[int, int]]:
-    return frozenset((int(item["batch_size"]), int(item["seq_len"])) for item in items)
-
-
-def _format_shapes(shapes: Iterable[tuple[int, int]], limit: int = 6) -> str:
+def _format_shapes(shapes: Iterable[Shape], limit: int = 6) -> str:
     ordered = sorted(shapes)
-    text = ", ".join(f"{batch}x{seq}" for batch, seq in ordered[:limit])
+    text = ", ".join(shape.key for shape in ordered[:limit])
     return text + (f" (+{len(ordered) - limit} more)" if len(ordered) > limit else "")
 
 
-def evaluate_report(report: Any, expected: Expectation) -> Verdict:
-    """Judge a `/ready` report (docs/contract.md) against what the pod was built to serve."""
-    if not isinstance(report, Mapping):
-        return Verdict(False, REASON_BAD_REPORT, "the /ready body is not a JSON object")
+def evaluate_report(document: Any, expected: Expectation) -> Verdict:
+    """Judge a `/ready` report (the contract's ReadyReport) against what the pod was built to
+    serve."""
     try:
-        phase = report["phase"]
-        model = report["model"]
-        planned = _shape_set(report["planned_shapes"])
-        warmed_items = report["warmed_shapes"]
-        warmed = _shape_set(warmed_items)
-    except (KeyError, TypeError, ValueError) as error:
-        return Verdict(False, REASON_BAD_REPORT, f"the /ready report lacks or mangles {error}")
-    if phase == "failed":
+        report = ReadyReport.from_json(document)
+    except ReportError as error:
+        return Verdict(False, REASON_BAD_REPORT, str(error))
+    if report.phase == FAILED:
         return Verdict(
             False,
             REASON_FAILED,
-            f"the server's warmup failed: {report.get('error') or 'no reason given'}",
+            f"the server's warmup failed: {report.error or 'no reason given'}",
             retryable=False,
         )
-    if phase != "ready":
-        progress = report.get("progress") or {}
+    if report.phase != READY:
         return Verdict(
             False,
             REASON_NOT_READY,
-            f"the server reports phase {phase!r} "
-            f"({progress.get('done', '?')} of {progress.get('total', '?')} shapes warmed)",
+            f"the server reports phase {report.phase!r} "
+            f"({len(report.warmed)} of {len(report.planned)} shapes warmed)",
         )
-    if model.get("id") != expected.model_id:
+    if report.model_id != expected.model_id:
         return Verdict(
             False,
             REASON_MODEL_MISMATCH,
-            f"the server serves model {model.get('id')!r}, the pod asks for {expected.model_id!r}",
+            f"the server serves model {report.model_id!r}, the pod asks for {expected.model_id!r}",
             retryable=False,
         )
-    if str(model.get("revision")) != expected.revision:
+    if report.revision != expected.revision:
         return Verdict(
             False,
             REASON_REVISION_MISMATCH,
-            f"the server serves revision {model.get('revision')!r}, "
+            f"the server serves revision {report.revision!r}, "
             f"the pod asks for {expected.revision!r}",
             retryable=False,
         )
-    missing = (expected.required_shapes | planned) - warmed
+    missing = (expected.required_shapes | set(report.planned)) - report.warmed_shapes
     if missing:
         return Verdict(
             False,
             REASON_SHAPES_MISSING,
             f"{len(missing)} required shape(s) not warmed: {_format_shapes(missing)}",
         )
-    steady = {
-        (int(item["batch_size"]), int(item["seq_len"])): float(item.get("steady_ms") or 0.0)
-        for item in warmed_items
-    }
+    steady = {item.shape: item.steady_ms for item in report.warmed}
     probe_shape = min(steady) if steady else None
-    seconds = report.get("warmup_seconds")
     return Verdict(
         True,
         REASON_VERIFIED,
-        f"{len(warmed)} shapes warm in {float(seconds or 0.0):.1f}s; model {expected.model_id} "
-        f"revision {expected.revision}",
-        warmup_seconds=float(seconds) if seconds is not None else None,
+        f"{len(steady)} shapes warm in {report.warmup_seconds or 0.0:.1f}s; model "
+        f"{expected.model_id} revision {expected.revision}",
+        warmup_seconds=report.warmup_seconds,
         probe_shape=probe_shape,
         steady_ms=steady.get(probe_shape) if probe_shape else None,
     )

@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from warmgate_contract import names
+
 from . import gate
 from .kube import POD
 
@@ -188,7 +190,7 @@ class Gatekeeper:
         if verified and gate.restarted_since_verified(pod):
             verdict = gate.Verdict(
                 False,
-                gate.REASON_RESTARTED,
+                names.REASON_RESTARTED,
                 "a container restarted after the warmup was verified; verifying the new process",
             )
             await self._write(pod, verdict, restarts, existing)
@@ -198,7 +200,7 @@ class Gatekeeper:
         if not gate.containers_ready(pod):
             if verified:
                 verdict = gate.Verdict(
-                    False, gate.REASON_NOT_READY, "the server stopped reporting ready"
+                    False, names.REASON_NOT_READY, "the server stopped reporting ready"
                 )
                 await self._write(pod, verdict, restarts, existing)
                 return backoff, None
@@ -212,7 +214,7 @@ class Gatekeeper:
             except (aiohttp.ClientError, TimeoutError, OSError):
                 return backoff, None
             verdict = gate.evaluate_report(report, expected)
-            if verdict.reason != gate.REASON_FAILED:
+            if verdict.reason != names.REASON_FAILED:
                 return backoff, None
             await self._write(pod, verdict, restarts, existing)
             return backoff, f"{verdict.reason}\0{_name(pod)}: {verdict.message}"
@@ -223,7 +225,7 @@ class Gatekeeper:
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             if verified:  # a transient blip on a serving pod; kubelet's probes own liveness
                 return backoff, None
-            verdict = gate.Verdict(False, gate.REASON_UNREACHABLE, f"GET /ready failed: {error}")
+            verdict = gate.Verdict(False, names.REASON_UNREACHABLE, f"GET /ready failed: {error}")
             await self._write(pod, verdict, restarts, existing)
             return backoff, None
         verdict = gate.evaluate_report(report, expected)
@@ -236,7 +238,7 @@ class Gatekeeper:
             log.info("pod %s warm gate open: %s", _name(pod), verdict.message)
             return None, None
         warning = f"{verdict.reason}\0{_name(pod)}: {verdict.message}"
-        quiet = verdict.reason == gate.REASON_NOT_READY
+        quiet = verdict.reason == names.REASON_NOT_READY
         return backoff, None if quiet else warning
 
     async def _verify(self, host: str, port: int, verdict: gate.Verdict) -> gate.Verdict:
@@ -245,7 +247,7 @@ class Gatekeeper:
         try:
             measured = await self._reports.time_request(host, port, batch_size)
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            return gate.Verdict(False, gate.REASON_UNREACHABLE, f"verification request: {error}")
+            return gate.Verdict(False, names.REASON_UNREACHABLE, f"verification request: {error}")
         steady = verdict.steady_ms or 0.0
         if gate.verification_passes(
             measured, steady, self._config.verify_factor, self._config.verify_slack_ms
@@ -258,7 +260,7 @@ class Gatekeeper:
             )
         return gate.Verdict(
             False,
-            gate.REASON_TOO_SLOW,
+            names.REASON_TOO_SLOW,
             f"verification request took {measured:.1f} ms, steady is {steady:.1f} ms",
         )
 

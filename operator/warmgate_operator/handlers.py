@@ -16,8 +16,17 @@ from typing import Any
 import aiohttp
 import kopf
 
+from warmgate_contract.names import (
+    GROUP,
+    KIND,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PLURAL,
+    SERVICE_LABEL,
+    VERSION,
+)
+
 from . import stats
-from .builders import MANAGED_BY, MANAGED_BY_LABEL
 from .config import OperatorConfig
 from .controller import Controller, Key
 from .events import EventRecorder
@@ -25,7 +34,7 @@ from .gatekeeper import GateConfig, Gatekeeper, KubeClientStatusWriter, ReportCl
 from .kube import KubeClient
 from .observed import TrafficObserver
 from .reconcile import Reconciler
-from .spec import GROUP, KIND, PLURAL, VERSION
+from .spec import ParsedSpecs, SpecError
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +53,7 @@ def owner_key(obj: Mapping[str, Any]) -> Key | None:
 def _owner_of_pod(pod: Mapping[str, Any]) -> Key | None:
     # Pods belong to a ReplicaSet; the label written by the builders names the service.
     meta = pod.get("metadata") or {}
-    name = (meta.get("labels") or {}).get("warmgate.dev/service")
+    name = (meta.get("labels") or {}).get(SERVICE_LABEL)
     return (meta.get("namespace", ""), name) if name else None
 
 
@@ -87,15 +96,17 @@ def register(registry: kopf.OperatorRegistry) -> None:
         configure_settings(settings)
         config: OperatorConfig = memo.config
         client = KubeClient.from_environment(max_threads=config.workers)
-        reconciler = Reconciler.create(client, config)
+        specs = ParsedSpecs()
+        reconciler = Reconciler.create(client, config, specs)
         controller = Controller(
             reconciler, workers=config.workers, resync_seconds=config.resync_seconds
         )
         controller.start()
         memo.client = client
         memo.controller = controller
+        memo.specs = specs
         memo.gatekeeper = _start_gatekeeper(memo, client, recorder=EventRecorder(client))
-        memo.observer = TrafficObserver(client, memo.http, controller.body)
+        memo.observer = TrafficObserver(client, memo.http, controller.body, specs)
         memo.stats_task = None
         if config.stats_file:
             memo.stats_task = asyncio.create_task(
@@ -135,6 +146,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
         memo.controller.observe(event["object"], deleted=deleted)
         meta = event["object"]["metadata"]
         memo.observer.observe((meta["namespace"], meta["name"]), deleted=deleted)
+        if deleted:
+            memo.specs.forget(meta.get("uid"))
 
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)
     async def deployment_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
@@ -169,8 +182,12 @@ def _start_gatekeeper(memo: kopf.Memo, client: KubeClient, recorder: EventRecord
     def verify_latency(pod: Mapping[str, Any]) -> bool:
         owner = _owner_of_pod(pod)
         service = memo.controller.body(owner) if owner is not None else None
-        rollout = ((service or {}).get("spec") or {}).get("rollout") or {}
-        return bool(rollout.get("verifyLatency", False))
+        if service is None:
+            return False
+        try:
+            return memo.specs.of(service).rollout.verify_latency
+        except SpecError:
+            return False
 
     return Gatekeeper(
         writer=KubeClientStatusWriter(client),

@@ -21,6 +21,8 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from warmgate_contract.names import API_VERSION, KIND, PLURAL
+
 logger = logging.getLogger(__name__)
 
 USER_AGENT = "warmgate-operator"
@@ -50,7 +52,7 @@ EVENT = ResourceKind("v1", "Event", "events")
 DEPLOYMENT = ResourceKind("apps/v1", "Deployment", "deployments")
 HPA = ResourceKind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers")
 PDB = ResourceKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
-EMBEDDING_SERVICE = ResourceKind("warmgate.dev/v1alpha1", "EmbeddingService", "embeddingservices")
+EMBEDDING_SERVICE = ResourceKind(API_VERSION, KIND, PLURAL)
 
 
 class ApiError(Exception):

@@ -14,46 +14,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import aiohttp
 
+from warmgate_contract.names import SERVER_PORT, SERVICE_LABEL
+from warmgate_contract.report import merge_profiles, parse_profile, render_profile
+
 from .controller import Key
 from .kube import EMBEDDING_SERVICE, POD, ApiError
+from .spec import EmbeddingServiceSpec, ParsedSpecs, SpecError
 from .status import is_pod_ready
 
 log = logging.getLogger("warmgate.observed")
 
-SERVICE_LABEL = "warmgate.dev/service"
-SERVER_PORT = 8080
+
+def merged_shapes(profiles: Iterable[Any], max_shapes: int) -> list[dict]:
+    """The pods' `/warmup/profile` documents summed (the contract's merge), as status items;
+    a document that does not follow the contract is left out."""
+    entries = []
+    for document in profiles:
+        try:
+            entries.append(parse_profile(document))
+        except ValueError:
+            continue
+    return render_profile(merge_profiles(entries, max_shapes))["shapes"]
 
 
-def merge_profiles(profiles: Iterable[Mapping[str, Any]], max_shapes: int) -> list[dict]:
-    """Sum the pods' shape counts and keep the `max_shapes` most frequent (ties: smaller
-    shapes first, so the result is stable)."""
-    counts: Counter[tuple[int, int]] = Counter()
-    for profile in profiles:
-        for item in (profile or {}).get("shapes") or []:
-            try:
-                shape = (int(item["batch_size"]), int(item["seq_len"]))
-                count = int(item.get("count", 0))
-            except (KeyError, TypeError, ValueError):
-                continue
-            if count > 0:
-                counts[shape] += count
-    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: max(0, max_shapes)]
-    return [{"batch_size": b, "seq_len": s, "count": c} for (b, s), c in top]
-
-
-def traffic_settings(body: Mapping[str, Any]) -> tuple[bool, int, float]:
-    """(enabled, maxShapes, refreshSeconds) with the CRD's defaults."""
-    spec = body.get("spec") or {}
-    warmup = spec.get("warmup") or {}
-    observed = warmup.get("observedTraffic") or {}
-    enabled = bool(observed.get("enabled", True)) and bool(warmup.get("enabled", True))
-    return enabled, int(observed.get("maxShapes", 16)), float(observed.get("refreshSeconds", 300))
+def traffic_settings(spec: EmbeddingServiceSpec | None) -> tuple[bool, int, float]:
+    """(enabled, maxShapes, refreshSeconds) of a parsed spec; off without one (a spec that does
+    not parse: reconcile reports it)."""
+    if spec is None:
+        return False, 0, 300.0
+    observed = spec.warmup.observed_traffic
+    return (
+        observed.enabled and spec.warmup.enabled,
+        observed.max_shapes,
+        float(observed.refresh_seconds),
+    )
 
 
 def status_patch(
@@ -77,11 +76,24 @@ def status_patch(
 class TrafficObserver:
     """One collection loop per EmbeddingService, in memory (no finalizers, no annotations)."""
 
-    def __init__(self, client: Any, session: aiohttp.ClientSession, bodies: Any) -> None:
+    def __init__(
+        self,
+        client: Any,
+        session: aiohttp.ClientSession,
+        bodies: Any,
+        specs: ParsedSpecs | None = None,
+    ) -> None:
         self._client = client
         self._session = session
         self._bodies = bodies  # callable: Key -> latest body or None
+        self._specs = specs or ParsedSpecs()
         self._tasks: dict[Key, asyncio.Task] = {}
+
+    def _settings(self, body: Mapping[str, Any]) -> tuple[bool, int, float]:
+        try:
+            return traffic_settings(self._specs.of(body))
+        except SpecError:
+            return traffic_settings(None)
 
     def observe(self, key: Key, deleted: bool = False) -> None:
         task = self._tasks.get(key)
@@ -107,7 +119,7 @@ class TrafficObserver:
             body = self._bodies(key)
             if body is None:
                 return
-            enabled, _, refresh = traffic_settings(body)
+            enabled, _, refresh = self._settings(body)
             await asyncio.sleep(max(5.0, refresh))
             if not enabled:
                 continue
@@ -138,14 +150,14 @@ class TrafficObserver:
         body = self._bodies(key)
         if body is None:
             return False
-        _, max_shapes, _ = traffic_settings(body)
+        _, max_shapes, _ = self._settings(body)
         pods = await self._client.list(POD, namespace, f"{SERVICE_LABEL}={name}")
         ready = [p for p in pods if is_pod_ready(p) and not p["metadata"].get("deletionTimestamp")]
         if not ready:
             return False
         profiles = await asyncio.gather(*(self._fetch(p, "/warmup/profile") for p in ready))
         reports = await asyncio.gather(*(self._fetch(p, "/ready") for p in ready))
-        shapes = merge_profiles([p for p in profiles if p], max_shapes)
+        shapes = merged_shapes([p for p in profiles if p], max_shapes)
         seconds = [
             float(r["warmup_seconds"])
             for r in reports

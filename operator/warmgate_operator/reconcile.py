@@ -27,7 +27,7 @@ from .kube import (
     ApiError,
     KubeClient,
 )
-from .spec import SpecError, parse_spec
+from .spec import ParsedSpecs, SpecError
 from .status import Problem, compute_status, newly_degraded
 
 logger = logging.getLogger(__name__)
@@ -43,15 +43,19 @@ class Reconciler:
     recorder: EventRecorder
     clock: Callable[[], str] = field(default=now_rfc3339)
     cache: apply.AppliedCache = field(default_factory=lambda: apply.AppliedCache(ttl=0.0))
+    specs: ParsedSpecs = field(default_factory=ParsedSpecs)
 
     @classmethod
-    def create(cls, client: KubeClient, config: OperatorConfig) -> Reconciler:
+    def create(
+        cls, client: KubeClient, config: OperatorConfig, specs: ParsedSpecs | None = None
+    ) -> Reconciler:
         # Children unchecked for a little less than a resync period are read again on resync.
         return cls(
             client=client,
             config=config,
             recorder=EventRecorder(client),
             cache=apply.AppliedCache(ttl=config.resync_seconds * 0.9),
+            specs=specs or ParsedSpecs(),
         )
 
     async def __call__(self, body: Mapping[str, Any]) -> ReconcileResult:
@@ -131,7 +135,7 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
     applied = False
     spec = None
     try:
-        spec = parse_spec(body.get("spec") or {})
+        spec = ctx.specs.of(body)
     except SpecError as error:
         problem = Problem("InvalidSpec", str(error), blocking=True)
         await ctx.recorder.record(body, "Warning", "InvalidSpec", str(error))

@@ -7,16 +7,11 @@ unit test that writes a minimal spec). `tests/operator/test_crd.py` checks that 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-GROUP = "warmgate.dev"
-VERSION = "v1alpha1"
-PLURAL = "embeddingservices"
-KIND = "EmbeddingService"
-API_VERSION = f"{GROUP}/{VERSION}"
 
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -96,6 +91,7 @@ class RolloutSpec:
     max_surge: int = 1
     max_unavailable: int = 0
     warm_gate: bool = True
+    verify_latency: bool = False
     drain_seconds: int = 15
     progress_deadline_seconds: int | None = None
 
@@ -294,6 +290,7 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         max_surge=_int(r, "maxSurge", dr.max_surge, "spec.rollout"),
         max_unavailable=_int(r, "maxUnavailable", dr.max_unavailable, "spec.rollout"),
         warm_gate=bool(_get(r, "warmGate", dr.warm_gate)),
+        verify_latency=bool(_get(r, "verifyLatency", dr.verify_latency)),
         drain_seconds=_int(r, "drainSeconds", dr.drain_seconds, "spec.rollout"),
         progress_deadline_seconds=_int(r, "progressDeadlineSeconds", None, "spec.rollout"),
     )
@@ -382,3 +379,34 @@ def _check(spec: EmbeddingServiceSpec) -> None:
             raise SpecError(f"{name} must be positive, ascending and unique, got {list(values)}")
     if spec.rollout.max_surge + spec.rollout.max_unavailable < 1:
         raise SpecError("spec.rollout.maxSurge and spec.rollout.maxUnavailable cannot both be 0")
+
+
+class ParsedSpecs:
+    """Each EmbeddingService's spec, parsed once per content and shared by the reconciler, the
+    warm gate and the traffic observer, so none reads the raw object with defaults of its own.
+    Keyed by the spec's own text, not `metadata.generation`: what is parsed is what is there."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[str, tuple[str, EmbeddingServiceSpec | SpecError]] = {}
+
+    def of(self, body: Mapping[str, Any]) -> EmbeddingServiceSpec:
+        """The parsed spec; SpecError (the same one each time) when it cannot be built."""
+        raw = body.get("spec") or {}
+        text = json.dumps(raw, sort_keys=True, separators=(",", ":"))
+        uid = (body.get("metadata") or {}).get("uid") or ""
+        cached = self._parsed.get(uid)
+        if cached is not None and cached[0] == text:
+            result = cached[1]
+        else:
+            try:
+                result = parse_spec(raw)
+            except SpecError as error:
+                result = error
+            if uid:
+                self._parsed[uid] = (text, result)
+        if isinstance(result, SpecError):
+            raise result
+        return result
+
+    def forget(self, uid: str | None) -> None:
+        self._parsed.pop(uid or "", None)

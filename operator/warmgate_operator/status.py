@@ -13,13 +13,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .builders import (
+from warmgate_contract.names import (
     MODEL_ID_ANNOTATION,
     MODEL_REVISION_ANNOTATION,
+    REASON_FAILED,
+    REASON_MODEL_MISMATCH,
+    REASON_REVISION_MISMATCH,
     SERVER_CONTAINER,
     WARMED_CONDITION,
-    selector_string,
 )
+
+from .builders import selector_string
 from .spec import EmbeddingServiceSpec
 
 # Waiting reasons that will not fix themselves: a person should look.
@@ -34,6 +38,8 @@ FAILING_WAIT_REASONS = frozenset(
         "RunContainerError",
     }
 )
+# Warm-gate verdicts that retrying will not change: the pod is failing, not warming.
+PERMANENT_GATE_REASONS = frozenset({REASON_FAILED, REASON_MODEL_MISMATCH, REASON_REVISION_MISMATCH})
 # Fields other writers own (the observed-traffic timer); the reducer carries them over.
 CARRIED_FIELDS = ("observedShapes", "warmupSeconds")
 
@@ -120,11 +126,7 @@ def _failing_pod(pods: Sequence[Mapping[str, Any]]) -> str | None:
             gate is not None
             and gate.get("status") == "False"
             and gate.get("reason")
-            in (
-                "WarmupFailed",
-                "ModelMismatch",
-                "RevisionMismatch",
-            )
+            in (REASON_FAILED, REASON_MODEL_MISMATCH, REASON_REVISION_MISMATCH)
         ):
             name = _get(pod, "metadata", "name", default="?")
             return f"pod {name}: {gate['reason']}: {gate.get('message') or ''}".strip()
@@ -155,6 +157,164 @@ def _serving_model(pods: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
     return {"id": model_id or "", "revision": revision or ""}
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What the conditions are judged from: the Deployment's counts and conditions and the
+    pods, gathered once."""
+
+    deployment_exists: bool
+    desired: int
+    replicas: int
+    ready: int
+    updated: int
+    available: int
+    warmed: int
+    live_pods: int
+    gate_on: bool
+    deployment_current: bool
+    deadline_exceeded: bool
+    deadline_message: str
+    replica_failure: str | None
+    failing: str | None
+    problem: Problem | None
+
+    @property
+    def rollout_done(self) -> bool:
+        return (
+            self.deployment_current
+            and self.updated >= self.desired
+            and self.replicas <= self.updated
+            and self.available >= self.updated
+            and self.ready >= self.desired
+        )
+
+    @classmethod
+    def gather(
+        cls,
+        spec: EmbeddingServiceSpec | None,
+        deployment: Mapping[str, Any] | None,
+        live: Sequence[Mapping[str, Any]],
+        problem: Problem | None,
+    ) -> Facts:
+        dep_status = _get(deployment, "status", default={})
+        if deployment is not None and _get(deployment, "spec", "replicas") is not None:
+            desired = int(deployment["spec"]["replicas"])
+        else:
+            desired = spec.replicas if spec is not None else 0
+        progressing = _condition(deployment, "Progressing") or {}
+        replica_failure = _condition(deployment, "ReplicaFailure") or {}
+        return cls(
+            deployment_exists=deployment is not None,
+            desired=desired,
+            replicas=int(dep_status.get("replicas") or 0),
+            ready=int(dep_status.get("readyReplicas") or 0),
+            updated=int(dep_status.get("updatedReplicas") or 0),
+            available=int(dep_status.get("availableReplicas") or 0),
+            warmed=sum(1 for p in live if is_pod_warmed(p)),
+            live_pods=len(live),
+            gate_on=spec.rollout.warm_gate if spec is not None else True,
+            deployment_current=deployment is not None
+            and int(dep_status.get("observedGeneration") or 0)
+            >= int(_get(deployment, "metadata", "generation", default=0)),
+            deadline_exceeded=progressing.get("status") == "False"
+            and progressing.get("reason") == "ProgressDeadlineExceeded",
+            deadline_message=progressing.get("message") or "the rollout stopped making progress",
+            replica_failure=(
+                replica_failure.get("message") or ""
+                if replica_failure.get("status") == "True"
+                else None
+            ),
+            failing=_failing_pod(live),
+            problem=problem,
+        )
+
+
+def degraded_condition(facts: Facts) -> Condition:
+    """Degraded: something a person should act on."""
+    if facts.problem is not None:
+        return Condition("Degraded", "True", facts.problem.reason, facts.problem.message)
+    if facts.deadline_exceeded:
+        return Condition("Degraded", "True", "ProgressDeadlineExceeded", facts.deadline_message)
+    if facts.replica_failure is not None:
+        return Condition("Degraded", "True", "ReplicaFailure", facts.replica_failure)
+    if facts.failing is not None:
+        return Condition("Degraded", "True", "PodsFailing", facts.failing)
+    return Condition("Degraded", "False", "AsExpected", "")
+
+
+def progressing_condition(facts: Facts) -> Condition:
+    """Progressing: is the Deployment moving towards the spec?"""
+    f = facts
+    if not f.deployment_exists:
+        return Condition("Progressing", "True", "Creating", "creating the Deployment")
+    if f.deadline_exceeded:
+        return Condition(
+            "Progressing",
+            "False",
+            "ProgressDeadlineExceeded",
+            f"{f.updated}/{f.desired} pods updated, {f.ready} ready; old pods keep serving",
+        )
+    if f.rollout_done:
+        return Condition(
+            "Progressing",
+            "False",
+            "RolloutComplete",
+            f"{f.ready}/{f.desired} pods updated and ready",
+        )
+    return Condition(
+        "Progressing",
+        "True",
+        "RolloutInProgress",
+        f"{f.updated}/{f.desired} pods updated, {f.ready} ready, {f.warmed} warmed",
+    )
+
+
+def warmed_condition(facts: Facts) -> Condition:
+    """Warmed: have the pods' warmups been verified by the gate?"""
+    f = facts
+    if not f.gate_on:
+        return Condition("Warmed", "Unknown", "WarmGateDisabled", "spec.rollout.warmGate is false")
+    if f.desired == 0:
+        return Condition("Warmed", "True", "ScaledToZero", "no pods are wanted")
+    if f.warmed >= f.desired:
+        return Condition(
+            "Warmed", "True", "AllReplicasWarmed", f"{f.warmed}/{f.desired} pods warmed"
+        )
+    return Condition("Warmed", "False", "WaitingForWarmup", f"{f.warmed}/{f.desired} pods warmed")
+
+
+def ready_condition(facts: Facts) -> Condition:
+    """Ready: the current spec is fully served."""
+    f = facts
+    if f.problem is not None and f.problem.blocking:
+        return Condition("Ready", "False", f.problem.reason, f.problem.message)
+    if not f.deployment_exists:
+        return Condition("Ready", "False", "Creating", "creating the Deployment")
+    if f.desired == 0 and f.rollout_done:
+        return Condition("Ready", "True", "ScaledToZero", "no pods are wanted")
+    if f.rollout_done:
+        return Condition("Ready", "True", "AllReplicasReady", f"{f.ready}/{f.desired} pods ready")
+    if f.deadline_exceeded:
+        return Condition(
+            "Ready", "False", "ProgressDeadlineExceeded", progressing_condition(f).message
+        )
+    if f.failing is not None:
+        return Condition("Ready", "False", "PodsFailing", f.failing)
+    if f.gate_on and f.warmed < f.desired and f.live_pods > 0:
+        return Condition(
+            "Ready",
+            "False",
+            "WaitingForWarmup",
+            f"{f.ready}/{f.desired} pods ready, {f.warmed} warmed, {f.updated} updated",
+        )
+    return Condition(
+        "Ready",
+        "False",
+        "RolloutInProgress" if f.ready >= f.desired else "ReplicasNotReady",
+        f"{f.ready}/{f.desired} pods ready, {f.updated} updated",
+    )
+
+
 def evaluate(
     spec: EmbeddingServiceSpec | None,
     name: str,
@@ -164,136 +324,27 @@ def evaluate(
 ) -> tuple[dict[str, Any], list[Condition]]:
     """Counts and conditions, without times or generations."""
     live = _live(pods)
-    dep_status = _get(deployment, "status", default={})
-    if deployment is not None and _get(deployment, "spec", "replicas") is not None:
-        desired = int(deployment["spec"]["replicas"])
-    else:
-        desired = spec.replicas if spec is not None else 0
-    replicas = int(dep_status.get("replicas") or 0)
-    ready = int(dep_status.get("readyReplicas") or 0)
-    updated = int(dep_status.get("updatedReplicas") or 0)
-    available = int(dep_status.get("availableReplicas") or 0)
-    warmed = sum(1 for p in live if is_pod_warmed(p))
-    gate_on = spec.rollout.warm_gate if spec is not None else True
-
+    facts = Facts.gather(spec, deployment, live, problem)
     counts: dict[str, Any] = {
-        "replicas": replicas,
-        "desiredReplicas": desired,
-        "readyReplicas": ready,
-        "updatedReplicas": updated,
-        "availableReplicas": available,
-        "warmedReplicas": warmed,
-        "readySummary": f"{ready}/{desired}",
+        "replicas": facts.replicas,
+        "desiredReplicas": facts.desired,
+        "readyReplicas": facts.ready,
+        "updatedReplicas": facts.updated,
+        "availableReplicas": facts.available,
+        "warmedReplicas": facts.warmed,
+        "readySummary": f"{facts.ready}/{facts.desired}",
         "selector": selector_string(name),
     }
     model = _serving_model(live)
     if model is not None:
         counts["model"] = model
-
-    dep_current = deployment is not None and int(dep_status.get("observedGeneration") or 0) >= int(
-        _get(deployment, "metadata", "generation", default=0)
-    )
-    dep_progressing = _condition(deployment, "Progressing")
-    deadline_exceeded = (
-        dep_progressing is not None
-        and dep_progressing.get("status") == "False"
-        and dep_progressing.get("reason") == "ProgressDeadlineExceeded"
-    )
-    replica_failure = _condition(deployment, "ReplicaFailure")
-    rollout_done = (
-        dep_current
-        and updated >= desired
-        and replicas <= updated
-        and available >= updated
-        and ready >= desired
-    )
-    failing = _failing_pod(live)
-
-    # Degraded: something a person should act on.
-    if problem is not None:
-        degraded = Condition("Degraded", "True", problem.reason, problem.message)
-    elif deadline_exceeded:
-        degraded = Condition(
-            "Degraded",
-            "True",
-            "ProgressDeadlineExceeded",
-            dep_progressing.get("message") or "the rollout stopped making progress",
-        )
-    elif replica_failure is not None and replica_failure.get("status") == "True":
-        degraded = Condition(
-            "Degraded", "True", "ReplicaFailure", replica_failure.get("message") or ""
-        )
-    elif failing is not None:
-        degraded = Condition("Degraded", "True", "PodsFailing", failing)
-    else:
-        degraded = Condition("Degraded", "False", "AsExpected", "")
-
-    # Progressing: is the Deployment moving towards the spec?
-    if deployment is None:
-        progressing = Condition("Progressing", "True", "Creating", "creating the Deployment")
-    elif deadline_exceeded:
-        progressing = Condition(
-            "Progressing",
-            "False",
-            "ProgressDeadlineExceeded",
-            f"{updated}/{desired} pods updated, {ready} ready; old pods keep serving",
-        )
-    elif rollout_done:
-        progressing = Condition(
-            "Progressing", "False", "RolloutComplete", f"{ready}/{desired} pods updated and ready"
-        )
-    else:
-        progressing = Condition(
-            "Progressing",
-            "True",
-            "RolloutInProgress",
-            f"{updated}/{desired} pods updated, {ready} ready, {warmed} warmed",
-        )
-
-    # Warmed: have the pods' warmups been verified by the gate?
-    if not gate_on:
-        warmed_cond = Condition(
-            "Warmed", "Unknown", "WarmGateDisabled", "spec.rollout.warmGate is false"
-        )
-    elif desired == 0:
-        warmed_cond = Condition("Warmed", "True", "ScaledToZero", "no pods are wanted")
-    elif warmed >= desired:
-        warmed_cond = Condition(
-            "Warmed", "True", "AllReplicasWarmed", f"{warmed}/{desired} pods warmed"
-        )
-    else:
-        warmed_cond = Condition(
-            "Warmed", "False", "WaitingForWarmup", f"{warmed}/{desired} pods warmed"
-        )
-
-    # Ready: the current spec is fully served.
-    if problem is not None and problem.blocking:
-        ready_cond = Condition("Ready", "False", problem.reason, problem.message)
-    elif deployment is None:
-        ready_cond = Condition("Ready", "False", "Creating", "creating the Deployment")
-    elif desired == 0 and rollout_done:
-        ready_cond = Condition("Ready", "True", "ScaledToZero", "no pods are wanted")
-    elif rollout_done:
-        ready_cond = Condition("Ready", "True", "AllReplicasReady", f"{ready}/{desired} pods ready")
-    elif deadline_exceeded:
-        ready_cond = Condition("Ready", "False", "ProgressDeadlineExceeded", progressing.message)
-    elif failing is not None:
-        ready_cond = Condition("Ready", "False", "PodsFailing", failing)
-    elif gate_on and warmed < desired and len(live) > 0:
-        ready_cond = Condition(
-            "Ready",
-            "False",
-            "WaitingForWarmup",
-            f"{ready}/{desired} pods ready, {warmed} warmed, {updated} updated",
-        )
-    else:
-        ready_cond = Condition(
-            "Ready",
-            "False",
-            "RolloutInProgress" if ready >= desired else "ReplicasNotReady",
-            f"{ready}/{desired} pods ready, {updated} updated",
-        )
-    return counts, [ready_cond, progressing, warmed_cond, degraded]
+    conditions = [
+        ready_condition(facts),
+        progressing_condition(facts),
+        warmed_condition(facts),
+        degraded_condition(facts),
+    ]
+    return counts, conditions
 
 
 def merge_conditions(

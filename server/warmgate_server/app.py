@@ -13,15 +13,18 @@ from concurrent.futures import ThreadPoolExecutor
 import aiohttp
 from aiohttp import web
 
+from warmgate_contract.report import DRAINING, LOADING, READY, WARMING
+from warmgate_contract.shapes import plan_warmup
+
 from .config import ServerConfig
 from .context import RUNTIME, WARMUP_HEADER, Runtime
+from .cpus import plan_threads
 from .engine import Engine, finish_vectors
-from .lifecycle import DRAINING, LOADING, READY, WARMING, Lifecycle
+from .lifecycle import Lifecycle
+from .loading import LoadedModel, ModelLoadError, load_model
 from .metrics import Metrics
 from .routes import add_routes, count_requests
-from .runner import LoadedModel, ModelLoadError, load_model, plan_threads
 from .schemas import dumps, openai_response
-from .shapes import plan_warmup
 from .warmup import SettleRule
 
 log = logging.getLogger(__name__)

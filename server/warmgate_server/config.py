@@ -1,7 +1,8 @@
 """The server's one configuration object, read from command-line flags and WARMGATE_* variables.
 
-The flag names are the contract with the operator (docs/contract.md): it writes them into the
-Deployment. A flag wins over its environment twin; a twin wins over the default.
+The flags are the contract with the operator (`warmgate_contract.flags`: names, environment
+twins, defaults; docs/contract.md): it writes them into the Deployment. A flag wins over its
+environment twin; a twin wins over the default.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .shapes import Shape
+from warmgate_contract.flags import DEFAULTS, FLAGS
+from warmgate_contract.report import parse_profile as parse_profile_entries
+from warmgate_contract.report import shapes_by_count
+from warmgate_contract.shapes import Shape
 
-ENV_PREFIX = "WARMGATE_"
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 POOLINGS = ("mean", "cls")
@@ -31,50 +34,50 @@ class ConfigError(ValueError):
 class ServerConfig:
     model: str
     """Local model folder, or a Hugging Face id resolved offline from the local cache."""
-    model_revision: str = "main"
+    model_revision: str = DEFAULTS["model_revision"]
     """Reported in /ready and the X-Warmgate-Revision header; nothing is fetched."""
-    served_model_name: str = ""
+    served_model_name: str = DEFAULTS["served_model_name"]
     """Name clients use in the OpenAI `model` field; defaults to the last part of `model`."""
-    host: str = "0.0.0.0"
-    port: int = 8080
-    device: str = "auto"
+    host: str = DEFAULTS["host"]
+    port: int = DEFAULTS["port"]
+    device: str = DEFAULTS["device"]
     """auto (cuda when available, else cpu), cpu, cuda or cuda:N."""
-    dtype: str = "auto"
+    dtype: str = DEFAULTS["dtype"]
     """auto (float16 on cuda, float32 on cpu), float32, float16 or bfloat16."""
-    pooling: str = "mean"
-    normalize: bool = True
+    pooling: str = DEFAULTS["pooling"]
+    normalize: bool = DEFAULTS["normalize"]
     """Default L2 normalisation (TEI's `normalize` field overrides it per request)."""
-    max_input_length: int | None = None
+    max_input_length: int | None = DEFAULTS["max_input_length"]
     """Tokens per input, special tokens included (None: the model's, up to the largest bucket)."""
-    max_batch_size: int = 32
+    max_batch_size: int = DEFAULTS["max_batch_size"]
     """Inputs per forward pass, and the most inputs one request may carry."""
-    max_batch_tokens: int = 16384
+    max_batch_tokens: int = DEFAULTS["max_batch_tokens"]
     """Padded tokens (batch size x bucket) per forward pass; warmup never exceeds it either."""
-    max_wait_ms: float = 2.0
+    max_wait_ms: float = DEFAULTS["max_wait_ms"]
     """How long the batcher waits for more inputs before running a batch that is not full."""
-    max_concurrent_requests: int = 512
+    max_concurrent_requests: int = DEFAULTS["max_concurrent_requests"]
     """Embedding requests in flight at once; one more is answered 429 at once."""
-    payload_limit: int = 2_000_000
+    payload_limit: int = DEFAULTS["payload_limit"]
     """Request body limit in bytes (413 above it)."""
-    sequence_buckets: tuple[int, ...] = (32, 64, 128, 256)
-    warmup_batch_sizes: tuple[int, ...] = (1, 8, 32)
-    warmup_profile: str | None = None
+    sequence_buckets: tuple[int, ...] = DEFAULTS["sequence_buckets"]
+    warmup_batch_sizes: tuple[int, ...] = DEFAULTS["warmup_batch_sizes"]
+    warmup_profile: str | None = DEFAULTS["warmup_profile"]
     """JSON file of observed shapes ({"shapes": [...]}) added to the warmup plan; may be absent."""
     profile_shapes: tuple[Shape, ...] = field(default=())
     """The shapes read from `warmup_profile` at start (read once, validated here)."""
-    pad_batch: bool = True
+    pad_batch: bool = DEFAULTS["pad_batch"]
     """Pad each batch to the smallest planned batch size that holds it, so every shape is warm."""
-    warmup: bool = True
-    drain_seconds: float = 15.0
+    warmup: bool = DEFAULTS["warmup"]
+    drain_seconds: float = DEFAULTS["drain_seconds"]
     """After SIGTERM: how long to finish in-flight and queued requests before exiting."""
-    packing: str = "auto"
+    packing: str = DEFAULTS["packing"]
     """Padding-free forward pass: linear layers run on the real tokens only, attention on the
     padded shape. auto: on for BERT-family models on a CPU; on: wherever the model allows;
     off: the model's own padded forward pass."""
-    model_workers: int | None = None
+    model_workers: int | None = DEFAULTS["model_workers"]
     """Forward passes that may run at once, each on its own model thread (None: 2 on a CPU with
     at least 2 usable CPUs, else 1). All of them share one copy of the weights."""
-    torch_threads: int | None = None
+    torch_threads: int | None = DEFAULTS["torch_threads"]
     """CPU threads for torch per model worker (None: the usable CPUs divided among the workers;
     usable means this process's CPU affinity capped by its cgroup CPU limit)."""
 
@@ -87,73 +90,23 @@ class ServerConfig:
         return self.served_model_name or self.model.rstrip("/").split("/")[-1]
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    parts = [part.strip() for part in text.split(",") if part.strip()]
-    if not parts:
-        raise ValueError("expected a comma-separated list of integers")
-    return tuple(int(part) for part in parts)
-
-
-_BOOL_TRUE = {"1", "true", "yes", "on"}
-_BOOL_FALSE = {"0", "false", "no", "off"}
-
-
-def _bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in _BOOL_TRUE:
-        return True
-    if lowered in _BOOL_FALSE:
-        return False
-    raise ValueError("expected true/false, 1/0, yes/no or on/off")
-
-
-# (flag, dest, parser of text, help). Booleans take --x/--no-x; their twins take true/false.
-_OPTIONS: tuple[tuple[str, str, object, str], ...] = (
-    ("--model", "model", str, "local model folder or Hugging Face id (offline cache)"),
-    ("--model-revision", "model_revision", str, "revision label reported to clients"),
-    ("--served-model-name", "served_model_name", str, "model name clients send"),
-    ("--host", "host", str, "bind address"),
-    ("--port", "port", int, "bind port (0: any free port)"),
-    ("--device", "device", str, "auto, cpu, cuda or cuda:N"),
-    ("--dtype", "dtype", str, "auto, float32, float16 or bfloat16"),
-    ("--pooling", "pooling", str, "mean or cls"),
-    ("--normalize", "normalize", bool, "L2-normalise embeddings by default"),
-    ("--max-input-length", "max_input_length", int, "max tokens per input"),
-    ("--max-batch-size", "max_batch_size", int, "max inputs per batch and per request"),
-    ("--max-batch-tokens", "max_batch_tokens", int, "max padded tokens per batch"),
-    ("--max-wait-ms", "max_wait_ms", float, "max wait for a fuller batch"),
-    ("--max-concurrent-requests", "max_concurrent_requests", int, "429 above this many"),
-    ("--payload-limit", "payload_limit", int, "max request body bytes"),
-    ("--sequence-buckets", "sequence_buckets", _int_list, "padded sequence lengths, ascending"),
-    ("--warmup-batch-sizes", "warmup_batch_sizes", _int_list, "batch sizes to warm, ascending"),
-    ("--warmup-profile", "warmup_profile", str, "JSON file of observed shapes to warm too"),
-    ("--pad-batch", "pad_batch", bool, "pad batches to the smallest planned batch size"),
-    ("--warmup", "warmup", bool, "warm every planned shape before /ready"),
-    ("--drain-seconds", "drain_seconds", float, "drain time after SIGTERM"),
-    ("--packing", "packing", str, "auto, on or off: padding-free linear layers"),
-    ("--model-workers", "model_workers", int, "forward passes at once, one thread each"),
-    ("--torch-threads", "torch_threads", int, "CPU threads for torch per model worker"),
-)
-
-
-def env_name(flag: str) -> str:
-    """`--max-batch-tokens` -> `WARMGATE_MAX_BATCH_TOKENS`."""
-    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
-
-
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="warmgate-server",
         description="Embedding server that warms every shape it can serve before /ready.",
         epilog="Every flag has an environment twin: WARMGATE_ plus the flag in upper snake case.",
     )
-    for flag, dest, kind, help_text in _OPTIONS:
-        if kind is bool:
+    for flag in FLAGS:
+        if flag.is_bool:
             parser.add_argument(
-                flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text
+                flag.name,
+                dest=flag.dest,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=flag.help,
             )
         else:
-            parser.add_argument(flag, dest=dest, type=str, default=None, help=help_text)
+            parser.add_argument(flag.name, dest=flag.dest, type=str, default=None, help=flag.help)
     return parser
 
 
@@ -167,19 +120,17 @@ def parse_config(
     environ = os.environ if environ is None else environ
     args = vars(_build_parser().parse_args(argv))
     values: dict[str, object] = {}
-    for flag, dest, kind, _help in _OPTIONS:
-        raw = args[dest]
-        source = flag
-        if raw is None and env_name(flag) in environ:
-            raw = environ[env_name(flag)]
-            source = env_name(flag)
+    for flag in FLAGS:
+        raw, source = args[flag.dest], flag.name
+        if raw is None and flag.env in environ:
+            raw, source = environ[flag.env], flag.env
         if raw is None:
             continue
-        if kind is bool and isinstance(raw, bool):
-            values[dest] = raw
+        if isinstance(raw, bool):  # --flag / --no-flag
+            values[flag.dest] = raw
             continue
         try:
-            values[dest] = (_bool if kind is bool else kind)(raw)  # type: ignore[operator]
+            values[flag.dest] = flag.parse(raw)
         except ValueError as exc:
             raise ConfigError(f"{source}={raw!r} is not valid: {exc}") from None
     if not values.get("model"):
@@ -298,26 +249,4 @@ def load_profile_file(path: str) -> tuple[Shape, ...]:
 
 def parse_profile(document: object) -> tuple[Shape, ...]:
     """The shapes of a profile document (docs/contract.md), most frequent first."""
-    if not isinstance(document, dict) or not isinstance(document.get("shapes", []), list):
-        raise ValueError('expected an object {"shapes": [...]}')
-    entries = []
-    for position, entry in enumerate(document.get("shapes", [])):
-        if not isinstance(entry, dict):
-            raise ValueError(f"shapes[{position}] is not an object")
-        batch_size, seq_len = entry.get("batch_size"), entry.get("seq_len")
-        count = entry.get("count", 0)
-        valid = all(
-            isinstance(value, int) and not isinstance(value, bool)
-            for value in (batch_size, seq_len, count)
-        )
-        if not valid or batch_size < 1 or seq_len < 1 or count < 0:
-            raise ValueError(
-                f"shapes[{position}] needs positive integers batch_size and seq_len "
-                "(and a non-negative integer count)"
-            )
-        entries.append((count, Shape(batch_size, seq_len)))
-    entries.sort(key=lambda item: (-item[0], item[1]))
-    seen: dict[Shape, None] = {}
-    for _count, shape in entries:
-        seen.setdefault(shape, None)
-    return tuple(seen)
+    return shapes_by_count(parse_profile_entries(document))

@@ -9,12 +9,14 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from warmgate_contract.report import WARMING
+from warmgate_contract.shapes import Shape
+
 from .config import ServerConfig
 from .engine import Engine
 from .errors import ApiError
-from .lifecycle import WARMING, Lifecycle
+from .lifecycle import Lifecycle
 from .metrics import Metrics
-from .shapes import Shape
 
 
 @dataclass

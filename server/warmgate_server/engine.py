@@ -13,12 +13,16 @@ from typing import TypeVar
 
 import numpy as np
 
+from warmgate_contract.report import WARMING
+from warmgate_contract.shapes import Shape
+
 from .config import ServerConfig
-from .lifecycle import WARMING, Lifecycle, WarmedShape
+from .lifecycle import Lifecycle, WarmedShape
+from .loading import LoadedModel, ModelLoadError
 from .metrics import Metrics
-from .runner import BatchResult, LoadedModel, ModelLoadError, ModelRunner
+from .runner import BatchResult, ModelRunner
 from .scheduler import Embedded, Scheduler, StageTimes
-from .shapes import Shape, ShapePolicy
+from .shapes import ShapePolicy
 from .warmup import SettleRule, should_stop, steady_seconds
 
 log = logging.getLogger(__name__)
@@ -100,6 +104,15 @@ class Engine:
     @property
     def workers(self) -> int:
         return len(self._model_threads)
+
+    @property
+    def packed(self) -> bool:
+        """Whether the padding-free forward pass runs."""
+        return self.runner.packed is not None
+
+    def profile(self) -> dict[str, list[dict[str, int]]]:
+        """The shapes served so far, with counts (the warmup profile format)."""
+        return self.scheduler.profile()
 
     async def _in_model_thread(
         self, function: Callable[..., T], *args: object, worker: int = 0

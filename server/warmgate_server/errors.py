@@ -4,6 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+
+class InputTooLong(ValueError):
+    """An input above the token limit, with truncation off (the runner raises it)."""
+
+    def __init__(self, index: int, length: int, limit: int) -> None:
+        super().__init__(f"input {index} has {length} tokens, above the limit of {limit}")
+        self.index, self.length, self.limit = index, length, limit
+
+
+class QueueFull(RuntimeError):
+    """The batcher's queue holds as many inputs as it may (the scheduler raises it)."""
+
+
 _OPENAI_TYPES = {
     404: "not_found_error",
     429: "rate_limit_error",

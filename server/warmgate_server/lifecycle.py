@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from .shapes import Shape
-
-LOADING, WARMING, READY, DRAINING, FAILED = "loading", "warming", "ready", "draining", "failed"
+from warmgate_contract.report import DRAINING, FAILED, LOADING, READY, ReadyReport
+from warmgate_contract.report import WarmedShape as ReportedShape
+from warmgate_contract.shapes import Shape
 
 
 @dataclass(frozen=True)
@@ -71,29 +71,23 @@ class Lifecycle:
             self.enter(DRAINING)
 
     def report(self) -> dict[str, object]:
-        """The /ready body: the same keys in every phase."""
-        return {
-            "phase": self.phase,
-            "ready": self.is_ready,
-            "model": {
-                "id": self.model_id,
-                "revision": self.revision,
-                "served_name": self.served_name,
-            },
-            "device": self.device,
-            "dtype": self.dtype,
-            "workers": self.workers,
-            "torch_threads": self.torch_threads,
-            "planned_shapes": [shape.as_json() for shape in self.planned],
-            "warmed_shapes": [
-                {**done.shape.as_json(), "steady_ms": round(done.steady_ms, 3), "runs": done.runs}
+        """The /ready body (the contract's ReadyReport): the same keys in every phase."""
+        return ReadyReport(
+            phase=self.phase,
+            model_id=self.model_id,
+            revision=self.revision,
+            served_name=self.served_name,
+            device=self.device,
+            dtype=self.dtype,
+            planned=self.planned,
+            warmed=tuple(
+                ReportedShape(done.shape, done.steady_ms, done.runs)
                 for done in self.warmed.values()
-            ],
-            "progress": {"done": len(self.warmed), "total": len(self.planned)},
-            "warmup_seconds": (
-                None if self.warmup_seconds is None else round(self.warmup_seconds, 3)
             ),
-            "error": self.error,
-            "started_at": self.started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "pid": self.pid,
-        }
+            warmup_seconds=self.warmup_seconds,
+            error=self.error,
+            started_at=self.started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            pid=self.pid,
+            workers=self.workers,
+            torch_threads=self.torch_threads,
+        ).to_json()

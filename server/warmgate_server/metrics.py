@@ -13,7 +13,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .shapes import Shape
+from warmgate_contract.shapes import Shape
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 PHASES = ("loading", "warming", "ready", "draining", "failed")

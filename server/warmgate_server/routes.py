@@ -10,13 +10,13 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 from aiohttp import web
 
+from warmgate_contract.names import COLD_HEADER, POD_HEADER, REVISION_HEADER
+
 from . import __version__
 from .context import RUNTIME, Runtime
 from .engine import finish_vectors
-from .errors import ApiError, validation
+from .errors import ApiError, InputTooLong, QueueFull, validation
 from .metrics import CONTENT_TYPE
-from .runner import InputTooLong
-from .scheduler import QueueFull
 from .schemas import EmbedRequest, Limits, dumps, openai_response, parse_openai, parse_tei
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ async def info(request: web.Request) -> web.Response:
             "max_concurrent_requests": config.max_concurrent_requests,
             "sequence_buckets": list(config.sequence_buckets),
             "pad_batch": config.pad_batch,
-            "packed": engine.runner.packed is not None if engine else None,
+            "packed": engine.packed if engine else None,
             "workers": runtime.lifecycle.workers,
             "torch_threads": runtime.lifecycle.torch_threads,
             "planned_shapes": [shape.as_json() for shape in runtime.plan],
@@ -107,7 +107,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def warmup_profile(request: web.Request) -> web.Response:
     engine = request.app[RUNTIME].engine
-    return web.json_response(engine.scheduler.profile() if engine else {"shapes": []})
+    return web.json_response(engine.profile() if engine else {"shapes": []})
 
 
 async def _read_json(request: web.Request, limit: int) -> object:
@@ -150,9 +150,9 @@ async def _embed(
     runtime = request.app[RUNTIME]
     started = time.perf_counter()
     headers = {
-        "X-Warmgate-Revision": runtime.config.model_revision,
-        "X-Warmgate-Pod": runtime.pod_name,
-        "X-Warmgate-Cold": "0",
+        REVISION_HEADER: runtime.config.model_revision,
+        POD_HEADER: runtime.pod_name,
+        COLD_HEADER: "0",
     }
     warmup = runtime.is_warmup(request)
     try:
@@ -175,7 +175,7 @@ async def _embed(
             message = "overloaded: the queue is full; retry later"
             raise ApiError(429, message, "overloaded", "overloaded") from None
         vectors = finish_vectors(result.vectors, parsed.dimensions, parsed.normalize)
-        headers["X-Warmgate-Cold"] = "1" if result.cold else "0"
+        headers[COLD_HEADER] = "1" if result.cold else "0"
         encoded = dumps(render(runtime, parsed, (vectors, result.prompt_tokens)))
         seconds = time.perf_counter() - started
         if not warmup:

@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from warmgate_contract.report import ProfileEntry, render_profile
+from warmgate_contract.shapes import Shape
+
+from .errors import QueueFull
 from .metrics import Metrics
 from .runner import BatchResult
-from .shapes import Shape, ShapePolicy, bucket_for
+from .shapes import ShapePolicy, bucket_for
 
 log = logging.getLogger(__name__)
 
 Execute = Callable[[list[Sequence[int]], Shape, int], Awaitable[BatchResult]]
 """Run a batch as a shape on a model worker (its index)."""
-
-
-class QueueFull(RuntimeError):
-    pass
 
 
 @dataclass
@@ -304,5 +304,4 @@ class Scheduler:
 
     def profile(self) -> dict[str, list[dict[str, int]]]:
         """The served shapes with counts, most frequent first (the warmup profile format)."""
-        ranked = sorted(self.served.items(), key=lambda entry: (-entry[1], entry[0]))
-        return {"shapes": [{**shape.as_json(), "count": count} for shape, count in ranked]}
+        return render_profile(ProfileEntry(shape, count) for shape, count in self.served.items())

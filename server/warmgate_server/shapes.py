@@ -1,77 +1,20 @@
-"""Shape maths: sequence buckets, padded batch sizes and the warmup plan. Pure functions only."""
+"""Shape maths for serving: the bucket an input lands in and the padded batch a group of inputs
+runs as (the shape itself and the warmup plan are the contract's: `warmgate_contract.shapes`).
+Pure functions only."""
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
-
-class Shape(NamedTuple):
-    """The padded tensor the model runs: `batch_size` rows of `seq_len` tokens."""
-
-    batch_size: int
-    seq_len: int
-
-    @property
-    def key(self) -> str:
-        """The name used in metrics labels and maps, e.g. "8x64"."""
-        return f"{self.batch_size}x{self.seq_len}"
-
-    @property
-    def tokens(self) -> int:
-        return self.batch_size * self.seq_len
-
-    def as_json(self) -> dict[str, int]:
-        return {"batch_size": self.batch_size, "seq_len": self.seq_len}
+from warmgate_contract.shapes import Shape
 
 
 def bucket_for(length: int, buckets: Sequence[int]) -> int | None:
     """The smallest bucket that holds `length` tokens, or None when none does."""
     index = bisect.bisect_left(buckets, length)
     return buckets[index] if index < len(buckets) else None
-
-
-@dataclass(frozen=True)
-class WarmupPlan:
-    shapes: tuple[Shape, ...]
-    """Every shape to warm: the grid first (short sequences, small batches first), then profile."""
-    ignored_profile_shapes: tuple[Shape, ...]
-    """Profile shapes this configuration can never produce (unknown bucket, over a limit)."""
-
-
-def plan_warmup(
-    batch_sizes: Iterable[int],
-    buckets: Sequence[int],
-    max_batch_tokens: int,
-    max_batch_size: int,
-    profile_shapes: Iterable[Shape] = (),
-) -> WarmupPlan:
-    """Batch sizes x buckets within the token budget, plus the profile shapes that can occur.
-
-    Nothing in the plan exceeds `max_batch_tokens` or `max_batch_size`: warmup never runs a
-    shape bigger than serving may, so a plan that fits in memory at warmup fits at serving.
-    """
-    grid = [
-        Shape(batch_size, seq_len)
-        for seq_len in buckets
-        for batch_size in sorted(set(batch_sizes))
-        if batch_size <= max_batch_size and batch_size * seq_len <= max_batch_tokens
-    ]
-    planned = dict.fromkeys(grid)
-    ignored: list[Shape] = []
-    for shape in profile_shapes:
-        fits = (
-            shape.seq_len in buckets
-            and 1 <= shape.batch_size <= max_batch_size
-            and shape.tokens <= max_batch_tokens
-        )
-        if not fits:
-            ignored.append(shape)
-        else:
-            planned.setdefault(shape, None)
-    return WarmupPlan(shapes=tuple(planned), ignored_profile_shapes=tuple(ignored))
 
 
 @dataclass(frozen=True)

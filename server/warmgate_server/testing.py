@@ -37,6 +37,7 @@ def minilm_path() -> Path:
 
 
 SERVER_ROOT = Path(__file__).resolve().parents[1]
+CONTRACT_ROOT = SERVER_ROOT.parent / "contract"
 _LISTENING = re.compile(r"listening on http://([^\s:]+):(\d+)")
 
 
@@ -75,8 +76,11 @@ class ServerProcess:
     def start(self) -> None:
         env = dict(os.environ)
         env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+        # From a bare checkout (a borrowed GPU machine) as well as an installed one.
         env["PYTHONPATH"] = os.pathsep.join(
-            part for part in (str(SERVER_ROOT), env.get("PYTHONPATH", "")) if part
+            part
+            for part in (str(SERVER_ROOT), str(CONTRACT_ROOT), env.get("PYTHONPATH", ""))
+            if part
         )
         env.update(self.env)
         command = [self.python, "-m", "warmgate_server", "--host", self.host, "--port", "0"]

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from support.tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 CHART = ROOT / "charts" / "warmgate"
 GOLDEN = Path(__file__).parent / "golden"
 
-sys.path.insert(0, str(ROOT / "tools"))
-sync_chart = __import__("sync-chart")
+sync_chart = load_tool("sync-chart")
 
 
 @pytest.fixture(scope="module")

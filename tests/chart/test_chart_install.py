@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_support import (
+from support.chart import (
     CHART,
     DEVCLUSTER_VALUES,
     ROOT,

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import yaml
+from support.tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-gen_api_docs = __import__("gen-api-docs")
+
+
+gen_api_docs = load_tool("gen-api-docs")
 
 
 def test_api_reference_is_generated_from_the_current_crd():

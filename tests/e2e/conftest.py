@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from e2e_support import Kube, OperatorProcess, install_crd
+
+from warmgate_devcluster.testkit import Kube, NamespacedOperator, install_crd
 
 
 @pytest.fixture(scope="session")
@@ -22,8 +23,8 @@ def kube(devcluster, namespace, crd) -> Kube:
 
 
 @pytest.fixture
-def operator(devcluster, namespace, crd, tmp_path) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(devcluster, namespace, tmp_path / "operator.log")
+def operator(devcluster, namespace, crd, tmp_path) -> Iterator[NamespacedOperator]:
+    process = NamespacedOperator(devcluster, namespace, tmp_path / "operator.log")
     process.start()
     try:
         yield process

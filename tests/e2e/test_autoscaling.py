@@ -14,9 +14,15 @@ import urllib.request
 from typing import Any
 
 import pytest
-from e2e_support import condition, embedding_service, service_url, wait_for, wait_ready
 
 from warmgate_devcluster.loadgen import ConstantRateLoad
+from warmgate_devcluster.testkit import (
+    condition,
+    embedding_service,
+    service_url,
+    wait_ready,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -65,7 +71,7 @@ def test_load_scales_out_through_the_warm_gate_and_idles_back_in(kube, operator)
             p for p in kube.pods("scaler") if p["metadata"]["name"] != first["metadata"]["name"]
         )
         new_name = new_pod["metadata"]["name"]
-        wait_for(
+        wait_until(
             lambda: any(s.pod == new_name for s in load.report.samples),
             60,
             "a request answered by the new pod",
@@ -108,7 +114,7 @@ def test_load_scales_out_through_the_warm_gate_and_idles_back_in(kube, operator)
 
     # The load is over: CPU falls, and after the stabilization window the HPA scales back in.
     ended = time.monotonic()
-    wait_for(
+    wait_until(
         lambda: deployment_replicas(kube, "scaler") == 1,
         SCALE_DOWN_WINDOW + 180,
         "the HPA to scale back in",

@@ -9,9 +9,15 @@ import signal
 import time
 
 import pytest
-from e2e_support import condition, embedding_service, service_url, wait_for, wait_ready
 
 from warmgate_devcluster.loadgen import ConstantRateLoad, Sample
+from warmgate_devcluster.testkit import (
+    condition,
+    embedding_service,
+    service_url,
+    wait_ready,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -30,7 +36,7 @@ def service_load(kube, name: str) -> ConstantRateLoad:
 
 def wait_for_traffic(load: ConstantRateLoad, count: int, timeout: float = 60) -> None:
     target = len(load.report.samples) + count
-    wait_for(lambda: len(load.report.samples) >= target, timeout, f"{count} more responses")
+    wait_until(lambda: len(load.report.samples) >= target, timeout, f"{count} more responses")
 
 
 def pod_condition(pod: dict, kind: str) -> dict:
@@ -105,7 +111,7 @@ def test_a_model_that_cannot_warm_never_gets_traffic_and_a_revert_resumes(kube, 
             bad = condition(emb, "Degraded")
             return emb if bad.get("status") == "True" else None
 
-        emb = wait_for(degraded, 240, "the EmbeddingService to report Degraded")
+        emb = wait_until(degraded, 240, "the EmbeddingService to report Degraded")
         progressing = condition(emb, "Progressing")
         assert condition(emb, "Degraded")["message"], emb["status"]
         assert progressing.get("status") != "True" or progressing.get("reason") != "RolloutComplete"
@@ -153,7 +159,7 @@ def test_with_the_operator_down_new_pods_wait_instead_of_serving(kube, operator)
             args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
             return "--model-revision=v2" in args
 
-        wait_for(template_updated, 60, "the operator to roll the Deployment")
+        wait_until(template_updated, 60, "the operator to roll the Deployment")
         operator.stop()
 
         def warm_but_held() -> dict | None:
@@ -165,7 +171,7 @@ def test_with_the_operator_down_new_pods_wait_instead_of_serving(kube, operator)
                     return pod
             return None
 
-        held = wait_for(warm_but_held, 240, "a new pod whose server is ready")
+        held = wait_until(warm_but_held, 240, "a new pod whose server is ready")
         # Its server is warm and its probe passes, but nobody verified it: it stays out.
         observed_until = time.monotonic() + 5
         while time.monotonic() < observed_until:
@@ -206,6 +212,6 @@ def test_a_restarted_server_is_verified_again(kube, operator, devcluster):
             return warmed
         return None
 
-    after = wait_for(reverified, 240, "the restarted server to be verified again")
+    after = wait_until(reverified, 240, "the restarted server to be verified again")
     # The transition time moves only when the status does: True -> False -> True.
     assert after["lastTransitionTime"] > before["lastTransitionTime"]

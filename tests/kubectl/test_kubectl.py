@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kubectl_support import (
+from support.kubectl import (
     EXAMPLES,
     UNMAPPED_IMAGE,
     Operator,

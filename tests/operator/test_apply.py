@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from operator_fakes import FakeClient
+from support.fakes import FakeClient
 
 from warmgate_operator import apply
 from warmgate_operator.builders import Owner, build_children

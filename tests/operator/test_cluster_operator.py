@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster_helpers import (
+from support.cluster import (
     OperatorProcess,
     apply,
     example,

@@ -69,7 +69,7 @@ async def test_the_reconciled_deployment_carries_the_configured_pull_secrets() -
     import copy
 
     import yaml
-    from operator_fakes import FakeClient
+    from support.fakes import FakeClient
 
     from warmgate_operator.config import OperatorConfig
     from warmgate_operator.events import EventRecorder

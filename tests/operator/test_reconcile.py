@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from operator_fakes import FakeClient
+from support.fakes import FakeClient
 
 from warmgate_operator.config import OperatorConfig
 from warmgate_operator.events import EventRecorder

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmgate_operator.spec import SpecError, parse_spec
+from warmgate_operator.spec import ParsedSpecs, SpecError, parse_spec
 
 
 def test_minimal_spec_gets_the_documented_defaults() -> None:
@@ -98,3 +98,17 @@ def test_startup_failure_threshold_examples(startup: int, period: int, expected:
 def test_bad_specs_name_the_field(raw: dict, field: str) -> None:
     with pytest.raises(SpecError, match=field):
         parse_spec(raw)
+
+
+def test_a_spec_is_parsed_once_and_again_when_it_changes() -> None:
+    specs = ParsedSpecs()
+    body = {"metadata": {"uid": "u1", "generation": 1}, "spec": {"model": {"id": "m"}}}
+    first = specs.of(body)
+    assert specs.of(body) is first
+    body["spec"]["rollout"] = {"verifyLatency": True}
+    assert specs.of(body).rollout.verify_latency is True
+    bad = {"metadata": {"uid": "u2", "generation": 1}, "spec": {}}
+    with pytest.raises(SpecError):
+        specs.of(bad)
+    specs.forget("u1")
+    assert specs.of(body) is not first

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-
-try:
-    import warmgate_server  # noqa: F401
-except ImportError:  # not installed yet: run from the checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "server"))
-
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from warmgate_server.app import create_app
 from warmgate_server.config import ServerConfig, parse_config
-from warmgate_server.runner import LoadedModel, load_model
+from warmgate_server.loading import LoadedModel, load_model
 from warmgate_server.testing import minilm_path, wait_for_phase
 from warmgate_server.warmup import SettleRule
 

@@ -90,7 +90,7 @@ def test_a_refused_folder_loads_through_transformers_and_still_matches(
     from transformers import AutoTokenizer
 
     from warmgate_server.config import parse_config
-    from warmgate_server.runner import load_model
+    from warmgate_server.loading import load_model
 
     folder = copy_with(minilm_dir, tmp_path, do_lower_case=False)
     loaded = load_model(parse_config(["--model", str(folder), "--device", "cpu"], environ={}))
@@ -105,7 +105,8 @@ def test_a_packed_bert_server_process_never_imports_transformers(minilm_dir) -> 
     script = (
         "import sys\n"
         "from warmgate_server.config import parse_config\n"
-        "from warmgate_server.runner import ModelRunner, load_model\n"
+        "from warmgate_server.loading import load_model\n"
+        "from warmgate_server.runner import ModelRunner\n"
         f"loaded = load_model(parse_config(['--model', {str(minilm_dir)!r}, '--device', 'cpu'],"
         " environ={}))\n"
         "runner = ModelRunner(loaded, 'mean', 128)\n"

@@ -7,7 +7,8 @@ import json
 import urllib.request
 
 import pytest
-from e2e_support import embedding_service, service_url, wait_for, wait_ready
+
+from warmgate_devcluster.testkit import embedding_service, service_url, wait_ready, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -55,7 +56,7 @@ def test_observed_shapes_feed_the_profile_and_new_pods_warm_them(kube, operator)
             return emb
         return None
 
-    emb = wait_for(profiled, 90, "the 3x16 shape in status.observedShapes and the ConfigMap")
+    emb = wait_until(profiled, 90, "the 3x16 shape in status.observedShapes and the ConfigMap")
     counts = {(s["batch_size"], s["seq_len"]): s["count"] for s in emb["status"]["observedShapes"]}
     assert counts[(3, 16)] >= 10
 

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from warmgate_contract.shapes import Shape, plan_warmup
 from warmgate_server.metrics import Metrics
 from warmgate_server.runner import BatchResult
 from warmgate_server.scheduler import Scheduler
-from warmgate_server.shapes import Shape, ShapePolicy, plan_warmup
+from warmgate_server.shapes import ShapePolicy
 
 
 def make_scheduler(

@@ -153,7 +153,7 @@ def test_model_id_resolves_from_the_offline_hugging_face_cache(
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0123456789abcdef")
     script = (
-        "from warmgate_server.runner import resolve_model_path; "
+        "from warmgate_server.loading import resolve_model_path; "
         "print(resolve_model_path('sentence-transformers/all-MiniLM-L6-v2'))"
     )
     result = subprocess.run(

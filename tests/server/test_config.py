@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from warmgate_server.config import ConfigError, env_name, parse_config
-from warmgate_server.runner import ThreadPlan, _cgroup_cpu_limit, plan_threads
-from warmgate_server.shapes import Shape
+from warmgate_contract.flags import BY_NAME
+from warmgate_contract.shapes import Shape
+from warmgate_server.config import ConfigError, parse_config
+from warmgate_server.cpus import ThreadPlan, _cgroup_cpu_limit, plan_threads
 from warmgate_server.testing import SERVER_ROOT
 
 
@@ -41,8 +42,8 @@ def test_environment_twins_and_flag_precedence() -> None:
 
 
 def test_env_names_are_upper_snake_case() -> None:
-    assert env_name("--max-batch-tokens") == "WARMGATE_MAX_BATCH_TOKENS"
-    assert env_name("--pad-batch") == "WARMGATE_PAD_BATCH"
+    assert BY_NAME["--max-batch-tokens"].env == "WARMGATE_MAX_BATCH_TOKENS"
+    assert BY_NAME["--pad-batch"].env == "WARMGATE_PAD_BATCH"
 
 
 @pytest.mark.parametrize(

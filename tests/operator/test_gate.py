@@ -5,9 +5,8 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
+from warmgate_contract import names
 from warmgate_operator import gate
 
 ARGS = [
@@ -32,7 +31,7 @@ def make_pod(
     return {
         "metadata": {"name": "minilm-abc", "namespace": "ns", "uid": "u1", "resourceVersion": "7"},
         "spec": {
-            "readinessGates": [{"conditionType": gate.WARMED_CONDITION}],
+            "readinessGates": [{"conditionType": names.WARMED_CONDITION}],
             "containers": [
                 {
                     "name": "server",
@@ -104,7 +103,7 @@ def test_flags_win_over_environment_twins():
 def test_a_complete_report_opens_the_gate():
     verdict = gate.evaluate_report(make_report(), gate.expectation_for(make_pod()))
     assert verdict.passed
-    assert verdict.reason == gate.REASON_VERIFIED
+    assert verdict.reason == names.REASON_VERIFIED
     assert "4.2s" in verdict.message
     assert verdict.probe_shape == (1, 32)
 
@@ -112,15 +111,15 @@ def test_a_complete_report_opens_the_gate():
 @pytest.mark.parametrize(
     ("overrides", "reason"),
     [
-        ({"phase": "warming", "progress": {"done": 3, "total": 11}}, gate.REASON_NOT_READY),
-        ({"phase": "failed", "error": "CUDA out of memory"}, gate.REASON_FAILED),
-        ({"model": {"id": "other/model", "revision": "v2"}}, gate.REASON_MODEL_MISMATCH),
+        ({"phase": "warming", "progress": {"done": 3, "total": 11}}, names.REASON_NOT_READY),
+        ({"phase": "failed", "error": "CUDA out of memory"}, names.REASON_FAILED),
+        ({"model": {"id": "other/model", "revision": "v2"}}, names.REASON_MODEL_MISMATCH),
         (
             {"model": {"id": "sentence-transformers/all-MiniLM-L6-v2", "revision": "v1"}},
-            gate.REASON_REVISION_MISMATCH,
+            names.REASON_REVISION_MISMATCH,
         ),
-        ({"warmed_shapes": shapes([(1, 32)])}, gate.REASON_SHAPES_MISSING),
-        ({"planned_shapes": "lots"}, gate.REASON_BAD_REPORT),
+        ({"warmed_shapes": shapes([(1, 32)])}, names.REASON_SHAPES_MISSING),
+        ({"planned_shapes": "lots"}, names.REASON_BAD_REPORT),
     ],
 )
 def test_reports_that_keep_the_gate_shut(overrides, reason):
@@ -138,7 +137,7 @@ def test_the_report_cannot_shrink_the_plan_the_pod_asked_for():
         warmed_shapes=shapes(few),
     )
     verdict = gate.evaluate_report(report, gate.expectation_for(make_pod()))
-    assert verdict.reason == gate.REASON_SHAPES_MISSING
+    assert verdict.reason == names.REASON_SHAPES_MISSING
     assert "not warmed" in verdict.message
 
 
@@ -146,13 +145,13 @@ def test_observed_profile_shapes_must_be_warm_too():
     report = make_report()
     report["planned_shapes"].append({"batch_size": 4, "seq_len": 64})
     verdict = gate.evaluate_report(report, gate.expectation_for(make_pod()))
-    assert verdict.reason == gate.REASON_SHAPES_MISSING
+    assert verdict.reason == names.REASON_SHAPES_MISSING
     assert "4x64" in verdict.message
 
 
 def test_not_json_object_is_an_invalid_report():
     verdict = gate.evaluate_report(["ready"], gate.expectation_for(make_pod()))
-    assert verdict.reason == gate.REASON_BAD_REPORT
+    assert verdict.reason == names.REASON_BAD_REPORT
 
 
 def test_condition_keeps_transition_time_when_status_stays():
@@ -162,7 +161,7 @@ def test_condition_keeps_transition_time_when_status_stays():
     assert again["lastTransitionTime"] == "2026-11-29T10:00:05Z"
     assert not gate.condition_changed(first, again)
     shut = gate.desired_condition(
-        gate.Verdict(False, gate.REASON_RESTARTED, "restarted"), 1, first, "2026-11-29T10:10:00Z"
+        gate.Verdict(False, names.REASON_RESTARTED, "restarted"), 1, first, "2026-11-29T10:10:00Z"
     )
     assert shut["lastTransitionTime"] == "2026-11-29T10:10:00Z"
     assert gate.condition_changed(first, shut)
@@ -170,18 +169,18 @@ def test_condition_keeps_transition_time_when_status_stays():
 
 def test_status_patch_touches_only_our_condition_and_guards_the_version():
     desired = gate.desired_condition(
-        gate.Verdict(True, gate.REASON_VERIFIED, "ok"), 0, None, "2026-11-29T10:00:05Z"
+        gate.Verdict(True, names.REASON_VERIFIED, "ok"), 0, None, "2026-11-29T10:00:05Z"
     )
     body = gate.status_patch(desired, "42")
     assert body["metadata"] == {"resourceVersion": "42"}
-    assert [c["type"] for c in body["status"]["conditions"]] == [gate.WARMED_CONDITION]
+    assert [c["type"] for c in body["status"]["conditions"]] == [names.WARMED_CONDITION]
 
 
 def verified_pod(restarts_in_message, restarts_now, started):
     verified = {
-        "type": gate.WARMED_CONDITION,
+        "type": names.WARMED_CONDITION,
         "status": "True",
-        "reason": gate.REASON_VERIFIED,
+        "reason": names.REASON_VERIFIED,
         "message": f"ok (restarts={restarts_in_message})",
         "lastTransitionTime": "2026-11-29T10:00:05Z",
     }
@@ -201,21 +200,6 @@ def test_pods_without_the_gate_or_without_a_server_are_ignored():
     pod["spec"]["readinessGates"] = []
     assert not gate.has_gate(pod)
     assert gate.expectation_for(make_pod(args=["--port", "8080"])) is None
-
-
-@given(
-    batch_sizes=st.lists(st.integers(1, 64), min_size=1, max_size=5, unique=True),
-    buckets=st.lists(st.integers(8, 512), min_size=1, max_size=5, unique=True),
-    budget=st.integers(8, 20000),
-    max_batch=st.integers(1, 64),
-)
-def test_planned_grid_stays_within_the_budget(batch_sizes, buckets, budget, max_batch):
-    grid = gate.planned_grid(batch_sizes, buckets, budget, max_batch)
-    for batch, bucket in grid:
-        assert batch * bucket <= budget
-        assert batch <= max_batch
-    every = {(b, s) for b in batch_sizes for s in buckets if b * s <= budget and b <= max_batch}
-    assert grid == every
 
 
 def test_verification_allows_round_trip_slack_but_not_a_cold_request():

@@ -3,7 +3,8 @@ operator writes them."""
 
 from __future__ import annotations
 
-from warmgate_operator.observed import merge_profiles, status_patch, traffic_settings
+from warmgate_operator.observed import merged_shapes, status_patch, traffic_settings
+from warmgate_operator.spec import ParsedSpecs
 
 
 def profile(*items):
@@ -11,7 +12,7 @@ def profile(*items):
 
 
 def test_counts_are_summed_across_pods_and_the_most_frequent_kept():
-    merged = merge_profiles(
+    merged = merged_shapes(
         [profile((1, 32, 50), (8, 64, 5)), profile((1, 32, 20), (4, 128, 30)), None], max_shapes=2
     )
     assert merged == [
@@ -20,20 +21,23 @@ def test_counts_are_summed_across_pods_and_the_most_frequent_kept():
     ]
 
 
-def test_garbage_in_a_profile_is_skipped_not_fatal():
-    merged = merge_profiles(
-        [{"shapes": [{"batch_size": "x"}, {"seq_len": 3}, {"batch_size": 2, "seq_len": 16}]}], 8
-    )
-    assert merged == []  # a shape with no count was never served
+def test_a_profile_that_breaks_the_contract_is_left_out_not_fatal():
+    garbage = {"shapes": [{"batch_size": "x"}, {"seq_len": 3}, {"batch_size": 2, "seq_len": 16}]}
+    merged = merged_shapes([garbage, profile((2, 16, 4)), "not json"], 8)
+    assert merged == [{"batch_size": 2, "seq_len": 16, "count": 4}]
+    assert merged_shapes([profile((2, 16, 0))], 8) == []  # a shape never served
 
 
 def test_ties_break_on_the_smaller_shape_so_the_profile_is_stable():
-    merged = merge_profiles([profile((8, 64, 3), (1, 32, 3), (4, 32, 3))], max_shapes=3)
+    merged = merged_shapes([profile((8, 64, 3), (1, 32, 3), (4, 32, 3))], max_shapes=3)
     assert [(m["batch_size"], m["seq_len"]) for m in merged] == [(1, 32), (4, 32), (8, 64)]
 
 
 def body(status=None, rv="10"):
-    obj = {"metadata": {"name": "m", "namespace": "ns", "resourceVersion": rv}, "spec": {}}
+    obj = {
+        "metadata": {"name": "m", "namespace": "ns", "resourceVersion": rv},
+        "spec": {"model": {"id": "m"}},
+    }
     if status is not None:
         obj["status"] = status
     return obj
@@ -57,7 +61,24 @@ def test_nothing_is_written_before_the_reconcile_created_a_status():
 
 
 def test_settings_default_like_the_crd_and_follow_warmup_enabled():
-    assert traffic_settings(body()) == (True, 16, 300.0)
+    specs = ParsedSpecs()
+    assert traffic_settings(specs.of(body())) == (True, 16, 300.0)
     off = body()
-    off["spec"] = {"warmup": {"enabled": False, "observedTraffic": {"refreshSeconds": 30}}}
-    assert traffic_settings(off) == (False, 16, 30.0)
+    off["spec"]["warmup"] = {"enabled": False, "observedTraffic": {"refreshSeconds": 30}}
+    assert traffic_settings(ParsedSpecs().of(off)) == (False, 16, 30.0)
+    assert traffic_settings(None)[0] is False  # a spec that does not parse
+
+
+async def test_the_observer_runs_one_loop_per_service_and_stops_it_on_delete():
+    from warmgate_operator.observed import TrafficObserver
+
+    bodies = {("ns", "m"): body()}
+    observer = TrafficObserver(client=None, session=None, bodies=bodies.get)
+    observer.observe(("ns", "m"))
+    observer.observe(("ns", "m"))  # an event for a service already observed: the same loop
+    assert len(observer._tasks) == 1
+    observer.observe(("ns", "m"), deleted=True)
+    assert observer._tasks == {}
+    observer.observe(("ns", "m"))
+    await observer.close()
+    assert observer._tasks == {}

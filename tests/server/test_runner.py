@@ -77,9 +77,10 @@ def test_packing_falls_back_for_other_architectures_and_on_refuses_them(
     `--packing auto`; `--packing on` refuses to start and says why."""
     from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
 
+    from warmgate_contract.shapes import Shape
     from warmgate_server.config import parse_config
-    from warmgate_server.runner import ModelLoadError, ModelRunner, load_model
-    from warmgate_server.shapes import Shape
+    from warmgate_server.loading import ModelLoadError, load_model
+    from warmgate_server.runner import ModelRunner
 
     config = DistilBertConfig(dim=32, n_layers=1, n_heads=2, hidden_dim=64)
     DistilBertModel(config).save_pretrained(tmp_path)

@@ -1,0 +1,162 @@
+"""The server's flags: the contract the operator writes into every Deployment.
+
+One table: each flag's name, its environment twin, how its text is read and written, its default
+and what it means. The server builds its command line and its configuration object from it; the
+operator renders a spec into flags with it and reads a pod's flags back with it (the warm gate
+judges a pod by what its own template asks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ENV_PREFIX = "WARMGATE_"
+
+_BOOL_TRUE = {"1", "true", "yes", "on"}
+_BOOL_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _BOOL_TRUE:
+        return True
+    if lowered in _BOOL_FALSE:
+        return False
+    raise ValueError("expected true/false, 1/0, yes/no or on/off")
+
+
+def parse_int_list(text: str) -> tuple[int, ...]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise ValueError("expected a comma-separated list of integers")
+    return tuple(int(part) for part in parts)
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, tuple | list):
+        return ",".join(str(item) for item in value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # --max-batch-tokens
+    dest: str  # max_batch_tokens (the configuration's field)
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+
+    @property
+    def is_bool(self) -> bool:
+        return self.parse is parse_bool
+
+    @property
+    def env(self) -> str:
+        """The environment twin: `--max-batch-tokens` -> `WARMGATE_MAX_BATCH_TOKENS`."""
+        return ENV_PREFIX + self.name.lstrip("-").replace("-", "_").upper()
+
+    def render(self, value: Any) -> str:
+        """One command-line item: `--flag=value`, or `--flag` / `--no-flag` for a boolean."""
+        if self.is_bool:
+            return self.name if value else f"--no-{self.name.lstrip('-')}"
+        return f"{self.name}={_format(value)}"
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("--model", "model", str, None, "local model folder or Hugging Face id (offline cache)"),
+    Flag("--model-revision", "model_revision", str, "main", "revision label reported to clients"),
+    Flag("--served-model-name", "served_model_name", str, "", "model name clients send"),
+    Flag("--host", "host", str, "0.0.0.0", "bind address"),
+    Flag("--port", "port", int, 8080, "bind port (0: any free port)"),
+    Flag("--device", "device", str, "auto", "auto, cpu, cuda or cuda:N"),
+    Flag("--dtype", "dtype", str, "auto", "auto, float32, float16 or bfloat16"),
+    Flag("--pooling", "pooling", str, "mean", "mean or cls"),
+    Flag("--normalize", "normalize", parse_bool, True, "L2-normalise embeddings by default"),
+    Flag("--max-input-length", "max_input_length", int, None, "max tokens per input"),
+    Flag("--max-batch-size", "max_batch_size", int, 32, "max inputs per batch and per request"),
+    Flag("--max-batch-tokens", "max_batch_tokens", int, 16384, "max padded tokens per batch"),
+    Flag("--max-wait-ms", "max_wait_ms", float, 2.0, "max wait for a fuller batch"),
+    Flag("--max-concurrent-requests", "max_concurrent_requests", int, 512, "429 above this many"),
+    Flag("--payload-limit", "payload_limit", int, 2_000_000, "max request body bytes"),
+    Flag(
+        "--sequence-buckets",
+        "sequence_buckets",
+        parse_int_list,
+        (32, 64, 128, 256),
+        "padded sequence lengths, ascending",
+    ),
+    Flag(
+        "--warmup-batch-sizes",
+        "warmup_batch_sizes",
+        parse_int_list,
+        (1, 8, 32),
+        "batch sizes to warm, ascending",
+    ),
+    Flag("--warmup-profile", "warmup_profile", str, None, "JSON file of observed shapes to warm"),
+    Flag("--pad-batch", "pad_batch", parse_bool, True, "pad batches to a planned batch size"),
+    Flag("--warmup", "warmup", parse_bool, True, "warm every planned shape before /ready"),
+    Flag("--drain-seconds", "drain_seconds", float, 15.0, "drain time after SIGTERM"),
+    Flag("--packing", "packing", str, "auto", "auto, on or off: padding-free linear layers"),
+    Flag("--model-workers", "model_workers", int, None, "forward passes at once, one thread each"),
+    Flag("--torch-threads", "torch_threads", int, None, "CPU threads for torch per model worker"),
+)
+BY_NAME: Mapping[str, Flag] = {flag.name: flag for flag in FLAGS}
+BY_DEST: Mapping[str, Flag] = {flag.dest: flag for flag in FLAGS}
+DEFAULTS: Mapping[str, Any] = {flag.dest: flag.default for flag in FLAGS}
+
+
+def render_args(values: Mapping[str, Any]) -> list[str]:
+    """Command-line items for `values` ({dest: value}), in the table's order; None is left out
+    (the server's default applies)."""
+    unknown = set(values) - set(BY_DEST)
+    if unknown:
+        raise KeyError(f"not server flags: {sorted(unknown)}")
+    return [flag.render(values[flag.dest]) for flag in FLAGS if values.get(flag.dest) is not None]
+
+
+def read_args(args: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """{dest: value} as a server started with `args` and `environ` would read them: a flag wins
+    over its environment twin. `--flag value`, `--flag=value` and `--no-flag` are understood;
+    ValueError names a value that does not parse, KeyError a flag the server does not have."""
+    found: dict[str, Any] = {}
+    for flag in FLAGS:
+        if environ and flag.env in environ:
+            found[flag.dest] = _parse(flag, environ[flag.env], flag.env)
+    items = list(args)
+    index = 0
+    while index < len(items):
+        item = items[index]
+        index += 1
+        if not item.startswith("--"):
+            continue
+        name, eq, text = item.partition("=")
+        negated = name.startswith("--no-") and f"--{name[5:]}" in BY_NAME
+        flag = BY_NAME.get(f"--{name[5:]}" if negated else name)
+        if flag is None:
+            raise KeyError(f"{name} is not a server flag")
+        if flag.is_bool and not eq:
+            found[flag.dest] = not negated
+            continue
+        if not eq:
+            if index >= len(items):
+                raise ValueError(f"{name} needs a value")
+            text = items[index]
+            index += 1
+        found[flag.dest] = _parse(flag, text, name)
+    return found
+
+
+def _parse(flag: Flag, text: str, source: str) -> Any:
+    try:
+        return flag.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{source}={text!r} is not valid: {exc}") from None
+
+
+def settings(values: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> dict[str, Any]:
+    """Every flag's value: the defaults, then `values`."""
+    return {**DEFAULTS, **dict(values)}

@@ -1,0 +1,78 @@
+"""How many CPUs this process may use (its affinity, capped by its cgroup's CPU limit: a pod's
+`resources.limits.cpu`) and how to share them: model workers and torch threads per worker."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import ServerConfig
+
+log = logging.getLogger(__name__)
+
+
+def _cgroup_cpu_limit(
+    root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")
+) -> float | None:
+    """The CPU limit of this process's own cgroup (a pod's resources.limits.cpu), or None.
+
+    cgroup v2: `cpu.max` ("200000 100000" = 2 CPUs, "max 100000" = none); cgroup v1:
+    `cpu.cfs_quota_us` / `cpu.cfs_period_us` (-1 = none), in the `cpu` hierarchy. The cgroup is
+    the one /proc/self/cgroup names (inside a container's cgroup namespace that is "/").
+    """
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _hierarchy, controllers, path = line.split(":", 2)
+        relative = path.lstrip("/")
+        if controllers == "":
+            try:
+                quota, period = (root / relative / "cpu.max").read_text().split()[:2]
+                return None if quota == "max" else int(quota) / int(period)
+            except (OSError, ValueError):
+                continue
+        if "cpu" in controllers.split(","):
+            for mount in (root / "cpu", root / controllers):
+                try:
+                    quota_us = int((mount / relative / "cpu.cfs_quota_us").read_text())
+                    period_us = int((mount / relative / "cpu.cfs_period_us").read_text())
+                except (OSError, ValueError):
+                    continue
+                return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+    return None
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may use: its affinity, capped by its cgroup CPU limit, which
+    sched_getaffinity does not see (a pod limited to 2 CPUs on a 64-CPU node sees 64)."""
+    count = len(os.sched_getaffinity(0))
+    limit = _cgroup_cpu_limit()
+    if limit is not None:
+        count = min(count, max(1, int(limit)))
+    return count
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """How the CPUs are split: `workers` forward passes at once, `threads` torch threads each."""
+
+    workers: int
+    threads: int
+
+
+def plan_threads(config: ServerConfig, device_type: str, cpus: int | None = None) -> ThreadPlan:
+    """Defaults: on a GPU one worker (the device serialises its passes anyway); on a CPU two
+    workers when there are at least two CPUs, like Triton's two instances of a CPU model.
+
+    Two single-threaded passes side by side use two cores fully, where one pass on two threads
+    loses time at every operator's fork and join (small matrices: 384 wide for MiniLM); a batch
+    arriving while the other worker is busy starts at once instead of queueing behind it.
+    """
+    cpus = cpus or usable_cpus()
+    workers = config.model_workers or (1 if device_type == "cuda" or cpus < 2 else 2)
+    threads = config.torch_threads or max(1, cpus // workers)
+    return ThreadPlan(workers, threads)
