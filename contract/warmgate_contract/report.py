@@ -44,6 +44,9 @@ class ReadyReport:
     pid: int = 0
     workers: int | None = None
     torch_threads: int | None = None
+    model_settings: Mapping[str, Any] | None = None
+    """How the server embeds (pooling, normalize, prompts) and what chose each: a flag, the
+    model folder's sentence-transformers files, or the default. None until loaded."""
 
     @property
     def ready(self) -> bool:
@@ -78,6 +81,7 @@ class ReadyReport:
             "error": self.error,
             "started_at": self.started_at,
             "pid": self.pid,
+            "model_settings": None if self.model_settings is None else dict(self.model_settings),
         }
 
     @classmethod
@@ -113,6 +117,7 @@ class ReadyReport:
                 pid=int(document.get("pid") or 0),
                 workers=document.get("workers"),
                 torch_threads=document.get("torch_threads"),
+                model_settings=document.get("model_settings"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ReportError(f"the /ready report lacks or mangles {error}") from None

@@ -15,7 +15,7 @@ from typing import Any
 
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "float16", "bfloat16")
-POOLINGS = ("mean", "cls")
+POOLINGS = ("mean", "cls", "last")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 PULL_POLICIES = ("IfNotPresent", "Always", "Never")
 
@@ -37,8 +37,9 @@ class ModelSpec:
     id: str
     revision: str = "main"
     served_name: str | None = None
-    pooling: str = "mean"
-    normalize: bool = True
+    # None: the server follows the model folder's own sentence-transformers configuration.
+    pooling: str | None = None
+    normalize: bool | None = None
     max_input_length: int | None = None
     volume: VolumeSource | None = None
 
@@ -194,6 +195,10 @@ def _int(raw: Mapping[str, Any], key: str, default: Any, where: str) -> Any:
     return value
 
 
+def _optional_bool(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
 def _ints(
     raw: Mapping[str, Any], key: str, default: tuple[int, ...], where: str
 ) -> tuple[int, ...]:
@@ -230,8 +235,8 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         id=model_id,
         revision=_get(model_raw, "revision", "main"),
         served_name=model_raw.get("servedName"),
-        pooling=_get(model_raw, "pooling", "mean"),
-        normalize=bool(_get(model_raw, "normalize", True)),
+        pooling=_get(model_raw, "pooling", None),
+        normalize=_optional_bool(_get(model_raw, "normalize", None)),
         max_input_length=_int(model_raw, "maxInputLength", None, "spec.model"),
         volume=volume,
     )
@@ -365,7 +370,7 @@ def _check(spec: EmbeddingServiceSpec) -> None:
         ("spec.service.type", spec.service.type, SERVICE_TYPES),
         ("spec.imagePullPolicy", spec.image_pull_policy, PULL_POLICIES),
     ):
-        if value not in allowed:
+        if value is not None and value not in allowed:
             raise SpecError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
     if spec.replicas < 0:
         raise SpecError("spec.replicas must be 0 or more")

@@ -123,6 +123,14 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
             runtime.tokenizer_thread,
         )
         lifecycle.device, lifecycle.dtype = loaded.device_name, loaded.dtype_name
+        lifecycle.model_settings = engine.settings.as_json()
+        log.info(
+            "pooling %s (%s), normalize %s (%s)",
+            engine.settings.pooling,
+            engine.settings.chosen_by["pooling"],
+            engine.settings.normalize,
+            engine.settings.chosen_by["normalize"],
+        )
         runtime.engine = engine
         runtime.tasks.append(asyncio.create_task(engine.scheduler.run()))
         if lifecycle.phase != LOADING:  # drained while loading

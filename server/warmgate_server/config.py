@@ -22,7 +22,7 @@ from warmgate_contract.shapes import Shape
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-POOLINGS = ("mean", "cls")
+POOLINGS = ("mean", "cls", "last")
 PACKINGS = ("auto", "on", "off")
 
 
@@ -44,9 +44,11 @@ class ServerConfig:
     """auto (cuda when available, else cpu), cpu, cuda or cuda:N."""
     dtype: str = DEFAULTS["dtype"]
     """auto (float16 on cuda, float32 on cpu), float32, float16 or bfloat16."""
-    pooling: str = DEFAULTS["pooling"]
-    normalize: bool = DEFAULTS["normalize"]
-    """Default L2 normalisation (TEI's `normalize` field overrides it per request)."""
+    pooling: str | None = DEFAULTS["pooling"]
+    """mean, cls or last; None: the model folder's own (modelconfig.py), else mean."""
+    normalize: bool | None = DEFAULTS["normalize"]
+    """Default L2 normalisation (TEI's `normalize` field overrides it per request); None: the
+    model folder's own, else yes."""
     max_input_length: int | None = DEFAULTS["max_input_length"]
     """Tokens per input, special tokens included (None: the model's, up to the largest bucket)."""
     max_batch_size: int = DEFAULTS["max_batch_size"]
@@ -155,7 +157,7 @@ def validate(config: ServerConfig) -> None:
         problems.append(f"--device {config.device!r}: use one of auto, cpu, cuda, cuda:N")
     if config.dtype not in DTYPES:
         problems.append(f"--dtype {config.dtype!r}: use one of {', '.join(DTYPES)}")
-    if config.pooling not in POOLINGS:
+    if config.pooling is not None and config.pooling not in POOLINGS:
         problems.append(f"--pooling {config.pooling!r}: use one of {', '.join(POOLINGS)}")
     if config.packing not in PACKINGS:
         problems.append(f"--packing {config.packing!r}: use one of {', '.join(PACKINGS)}")

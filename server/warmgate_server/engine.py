@@ -16,6 +16,7 @@ import numpy as np
 from warmgate_contract.report import WARMING
 from warmgate_contract.shapes import Shape
 
+from . import modelconfig
 from .config import ServerConfig
 from .lifecycle import Lifecycle, WarmedShape
 from .loading import LoadedModel, ModelLoadError
@@ -66,11 +67,19 @@ class Engine:
                 f"--max-input-length {max_input_length} is above this model's "
                 f"{positions} positions: lower --max-input-length (and the buckets above it)"
             )
+        try:
+            self.settings = modelconfig.resolve(config, loaded.path)
+        except modelconfig.ModelConfigError as error:
+            raise ModelLoadError(str(error)) from None
         self.config = config
         self.loaded = loaded
         self.plan = tuple(plan)
         self.runner = ModelRunner(
-            loaded, config.pooling, max_input_length, packed=config.packing != "off"
+            loaded,
+            self.settings.pooling,
+            max_input_length,
+            packed=config.packing != "off",
+            prompt=self.settings.default_prompt,
         )
         self.metrics = metrics
         self._model_threads = tuple(model_threads)

@@ -37,6 +37,8 @@ class Lifecycle:
     """Model workers (forward passes at once); known once the model is loaded."""
     torch_threads: int | None = None
     """torch threads per worker."""
+    model_settings: dict[str, object] | None = None
+    """Pooling, normalisation and prompts as chosen at load (modelconfig.ModelSettings)."""
     phase: str = LOADING
     error: str | None = None
     warmed: dict[Shape, WarmedShape] = field(default_factory=dict)
@@ -90,4 +92,5 @@ class Lifecycle:
             pid=self.pid,
             workers=self.workers,
             torch_threads=self.torch_threads,
+            model_settings=self.model_settings,
         ).to_json()

@@ -145,6 +145,8 @@ class PackedBert:
         x = x[:real]
         if pooling == "cls":
             return x[torch.from_numpy(starts[:count])].float()
+        if pooling == "last":
+            return x[torch.from_numpy(starts[:count] + lengths[:count] - 1)].float()
         sums = x.new_zeros(count, self.hidden).index_add_(0, torch.from_numpy(row_of[:real]), x)
         return (sums / torch.from_numpy(lengths[:count]).to(x.dtype)[:, None]).float()
 

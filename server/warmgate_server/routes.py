@@ -68,8 +68,9 @@ async def info(request: web.Request) -> web.Response:
             "phase": runtime.lifecycle.phase,
             "device": runtime.lifecycle.device,
             "dtype": runtime.lifecycle.dtype,
-            "pooling": config.pooling,
-            "normalize": config.normalize,
+            "pooling": engine.settings.pooling if engine else config.pooling,
+            "normalize": engine.settings.normalize if engine else config.normalize,
+            "model_settings": engine.settings.as_json() if engine else None,
             "hidden_size": engine.hidden_size if engine else None,
             "max_input_length": engine.max_input_length if engine else None,
             "max_client_batch_size": config.max_batch_size,
@@ -137,7 +138,7 @@ def _limits(runtime: Runtime) -> Limits:
         max_inputs=config.max_batch_size,
         hidden_size=runtime.engine.hidden_size,
         model_names={config.effective_served_name, config.model},
-        default_normalize=config.normalize,
+        default_normalize=runtime.engine.settings.normalize,
     )
 
 

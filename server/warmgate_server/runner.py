@@ -57,10 +57,17 @@ class ModelRunner:
     """tokenize / forward / pool for one served model, and the set of shapes already run."""
 
     def __init__(
-        self, loaded: LoadedModel, pooling: str, max_input_length: int, packed: bool = True
+        self,
+        loaded: LoadedModel,
+        pooling: str,
+        max_input_length: int,
+        packed: bool = True,
+        prompt: str = "",
     ) -> None:
         self.loaded = loaded
         self.pooling = pooling
+        # The model's default prompt, put before every input as sentence-transformers does.
+        self.prompt = prompt
         self.max_input_length = max_input_length
         self.packed = loaded.packed if packed else None
         """The padding-free forward pass in use, or None (the model's own, padded)."""
@@ -81,6 +88,8 @@ class ModelRunner:
         right (end of the text) or the left (start of the text).
         """
         limit = max_length or self.max_input_length
+        if self.prompt:
+            texts = [self.prompt + text for text in texts]
         encoded = self.loaded.tokenizer(list(texts), return_special_tokens_mask=True, verbose=False)
         result = []
         for index, (ids, special) in enumerate(
@@ -149,6 +158,9 @@ class ModelRunner:
             hidden = output[0][:count].float()
             if self.pooling == "cls":
                 pooled = hidden[:, 0]
+            elif self.pooling == "last":  # inputs are right-padded: the last real token
+                lengths = inputs["attention_mask"][:count].sum(dim=1) - 1
+                pooled = hidden[torch.arange(count, device=hidden.device), lengths]
             else:
                 weights = inputs["attention_mask"][:count].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)

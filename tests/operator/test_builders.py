@@ -148,8 +148,6 @@ def test_server_flags_follow_the_contract() -> None:
         "--port=8080",
         "--device=cpu",
         "--dtype=float32",
-        "--pooling=mean",
-        "--normalize",
         "--max-input-length=128",
         "--max-batch-size=8",
         "--max-batch-tokens=1024",
@@ -163,6 +161,16 @@ def test_server_flags_follow_the_contract() -> None:
         "--warmup",
         "--drain-seconds=5",
     ]
+
+
+def test_pooling_and_normalize_are_passed_only_when_the_spec_sets_them() -> None:
+    # Unset, the server follows the model folder's own configuration.
+    args = container(children().deployment)["args"]
+    assert not [a for a in args if a.startswith(("--pooling", "--normalize", "--no-normalize"))]
+    args = container(children(**{"model.pooling": "cls", "model.normalize": False}).deployment)[
+        "args"
+    ]
+    assert "--pooling=cls" in args and "--no-normalize" in args
 
 
 def test_bind_address_and_pod_name_come_from_the_downward_api() -> None:

@@ -14,8 +14,8 @@ from warmgate_operator.spec import ParsedSpecs, SpecError, parse_spec
 def test_minimal_spec_gets_the_documented_defaults() -> None:
     spec = parse_spec({"model": {"id": "sentence-transformers/all-MiniLM-L6-v2"}})
     assert spec.model.revision == "main"
-    assert spec.model.pooling == "mean"
-    assert spec.model.normalize is True
+    assert spec.model.pooling is None  # the model folder's own, on the server
+    assert spec.model.normalize is None
     assert spec.image is None
     assert spec.replicas == 1
     assert (spec.runtime.device, spec.runtime.dtype) == ("cpu", "float32")

@@ -9,20 +9,14 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from support.server import QUICK_SETTLE, make_config
 
 from warmgate_server.app import create_app
-from warmgate_server.config import ServerConfig, parse_config
+from warmgate_server.config import parse_config
 from warmgate_server.loading import LoadedModel, load_model
 from warmgate_server.testing import minilm_path, wait_for_phase
-from warmgate_server.warmup import SettleRule
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-# A small plan keeps warmup short on a slow CI machine while still covering two buckets and
-# batch-size padding.
-SMALL_PLAN = ["--sequence-buckets", "16,32,64", "--warmup-batch-sizes", "1,4"]
-# Warmup in tests only needs every shape to have run; settling is tested on its own.
-QUICK_SETTLE = SettleRule(window=2, tolerance=1.0, max_runs=3, max_seconds=2.0)
 
 
 @pytest.fixture(scope="session")
@@ -47,13 +41,6 @@ def sentence_transformer(minilm_dir: Path):
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(str(minilm_dir), device="cpu")
-
-
-def make_config(model_dir: Path, *args: str) -> ServerConfig:
-    return parse_config(
-        ["--model", str(model_dir), "--served-model-name", "all-MiniLM-L6-v2", *SMALL_PLAN, *args],
-        environ={},
-    )
 
 
 StartServer = Callable[..., Awaitable[TestClient]]

@@ -21,7 +21,8 @@ def test_defaults_follow_the_contract() -> None:
     assert config.sequence_buckets == (32, 64, 128, 256)
     assert config.warmup_batch_sizes == (1, 8, 32)
     assert config.max_batch_tokens == 16384
-    assert config.normalize and config.pad_batch and config.warmup
+    assert config.normalize is None and config.pooling is None  # the model folder decides
+    assert config.pad_batch and config.warmup
     assert config.effective_served_name == "model"
 
 

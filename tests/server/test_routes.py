@@ -29,8 +29,15 @@ async def test_probes_and_reports_while_warming_then_ready(start_server) -> None
     assert set(report) == {
         "phase", "ready", "model", "device", "dtype", "workers", "torch_threads",
         "planned_shapes", "warmed_shapes", "progress", "warmup_seconds", "error", "started_at",
-        "pid",
+        "pid", "model_settings",
     }  # fmt: skip
+    # The model folder's own sentence-transformers files chose the pooling and normalisation.
+    assert report["model_settings"]["pooling"] == "mean"
+    assert report["model_settings"]["normalize"] is True
+    assert report["model_settings"]["chosen_by"] == {
+        "pooling": "1_Pooling/config.json",
+        "normalize": "modules.json",
+    }
     assert report["ready"] is True and report["error"] is None
     assert report["model"] == {
         "id": report["model"]["id"],
