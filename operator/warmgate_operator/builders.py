@@ -333,10 +333,22 @@ def build_pod_template(
         pod_spec["readinessGates"] = [{"conditionType": WARMED_CONDITION}]
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
+    # Placement and extras as the user wrote them; warmgate's own labels, annotations, env and
+    # volumes come first and cannot be replaced (the selector and the gate rely on them).
+    if spec.tolerations:
+        pod_spec["tolerations"] = [dict(item) for item in spec.tolerations]
+    if spec.affinity:
+        pod_spec["affinity"] = dict(spec.affinity)
+    if spec.priority_class_name:
+        pod_spec["priorityClassName"] = spec.priority_class_name
+    container["env"] += [dict(item) for item in spec.env]
+    container["volumeMounts"] += [dict(item) for item in spec.volume_mounts]
+    volumes += [dict(item) for item in spec.volumes]
     template: dict[str, Any] = {
         "metadata": {
-            "labels": labels(owner.name),
+            "labels": {**spec.pod_labels, **labels(owner.name)},
             "annotations": {
+                **spec.pod_annotations,
                 MODEL_ID_ANNOTATION: spec.model.id,
                 MODEL_REVISION_ANNOTATION: spec.model.revision,
                 "kubectl.kubernetes.io/default-container": SERVER_CONTAINER,

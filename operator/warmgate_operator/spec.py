@@ -18,6 +18,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 POOLINGS = ("mean", "cls", "last")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 PULL_POLICIES = ("IfNotPresent", "Always", "Never")
+# The server pods' own volumes (builders.py): spec.volumes may not reuse these names.
+RESERVED_VOLUMES = ("tmp", "cache", "warmup-profile", "model")
 
 
 class SpecError(ValueError):
@@ -157,6 +159,15 @@ class EmbeddingServiceSpec:
     disruption_budget: DisruptionBudgetSpec = field(default_factory=DisruptionBudgetSpec)
     service: ServiceSpec = field(default_factory=ServiceSpec)
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    # Placement and pod metadata, passed through to the pod template as given.
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] = field(default_factory=dict)
+    priority_class_name: str | None = None
+    pod_labels: Mapping[str, str] = field(default_factory=dict)
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    env: tuple[Mapping[str, Any], ...] = ()
+    volumes: tuple[Mapping[str, Any], ...] = ()
+    volume_mounts: tuple[Mapping[str, Any], ...] = ()
 
     def progress_deadline_seconds(self, startup_budget_seconds: int) -> int:
         """The rollout's deadline: explicit, or the startup budget plus ten minutes."""
@@ -193,6 +204,13 @@ def _int(raw: Mapping[str, Any], key: str, default: Any, where: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(f"{where}.{key} must be an integer, got {value!r}")
     return value
+
+
+def _items(raw: Mapping[str, Any], key: str) -> tuple[Mapping[str, Any], ...]:
+    value = raw.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+        raise SpecError(f"spec.{key} must be a list of objects")
+    return tuple(dict(item) for item in value)
 
 
 def _optional_bool(value: Any) -> bool | None:
@@ -356,6 +374,14 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         disruption_budget=disruption_budget,
         service=service,
         node_selector=dict(_section(raw, "nodeSelector")),
+        tolerations=_items(raw, "tolerations"),
+        affinity=dict(_section(raw, "affinity")),
+        priority_class_name=_get(raw, "priorityClassName", None),
+        pod_labels=dict(_section(raw, "podLabels")),
+        pod_annotations=dict(_section(raw, "podAnnotations")),
+        env=_items(raw, "env"),
+        volumes=_items(raw, "volumes"),
+        volume_mounts=_items(raw, "volumeMounts"),
     )
     _check(spec)
     return spec
@@ -384,6 +410,12 @@ def _check(spec: EmbeddingServiceSpec) -> None:
             raise SpecError(f"{name} must be positive, ascending and unique, got {list(values)}")
     if spec.rollout.max_surge + spec.rollout.max_unavailable < 1:
         raise SpecError("spec.rollout.maxSurge and spec.rollout.maxUnavailable cannot both be 0")
+    taken = sorted({str(v.get("name")) for v in spec.volumes} & set(RESERVED_VOLUMES))
+    if taken:
+        raise SpecError(
+            f"spec.volumes: {', '.join(taken)} is the name of a volume warmgate mounts itself "
+            f"({', '.join(RESERVED_VOLUMES)}): rename yours"
+        )
 
 
 class ParsedSpecs:

@@ -436,3 +436,61 @@ def test_an_explicit_startup_timeout_wins_and_the_deadline_bounds_the_measured_o
     capped = budget_children(500, None, **{"rollout.progressDeadlineSeconds": 900}).deployment
     assert startup_probe_budget(capped) == 898  # whole probe periods (2 s) within the deadline
     assert capped["spec"]["progressDeadlineSeconds"] == 900
+
+
+def test_placement_and_pod_extras_pass_through_without_replacing_warmgates_own() -> None:
+    gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h200"]}]}
+                ]
+            }
+        }
+    }
+    deployment = children(
+        **{
+            "tolerations": [gpu_taint],
+            "affinity": affinity,
+            "priorityClassName": "inference",
+            "podLabels": {"team": "search", "app.kubernetes.io/name": "mine"},
+            "podAnnotations": {"prometheus.io/scrape": "true"},
+            "env": [
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}}
+            ],
+            "volumes": [{"name": "extra", "configMap": {"name": "x"}}],
+            "volumeMounts": [{"name": "extra", "mountPath": "/etc/extra", "readOnly": True}],
+        }
+    ).deployment
+    template = deployment["spec"]["template"]
+    pod, server = template["spec"], container(deployment)
+    assert pod["tolerations"] == [gpu_taint] and pod["affinity"] == affinity
+    assert pod["priorityClassName"] == "inference"
+    labels = template["metadata"]["labels"]
+    assert labels["team"] == "search"
+    assert labels["app.kubernetes.io/name"] == "warmgate-server"  # the selector's, not the user's
+    assert template["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    names = [e["name"] for e in server["env"]]
+    assert names[0] == "WARMGATE_HOST" and names[-1] == "HF_TOKEN"
+    assert {"name": "extra", "mountPath": "/etc/extra", "readOnly": True} in server["volumeMounts"]
+    assert {"name": "extra", "configMap": {"name": "x"}} in pod["volumes"]
+
+
+def test_a_volume_named_like_warmgates_own_is_refused() -> None:
+    from warmgate_operator.spec import SpecError
+
+    with pytest.raises(SpecError, match="tmp is the name of a volume warmgate mounts"):
+        parse_spec(example_spec(volumes=[{"name": "tmp", "emptyDir": {}}]))
+
+
+def test_the_gpu_example_selects_and_tolerates_the_gpu_node_pool() -> None:
+    raw = yaml.safe_load((ROOT / "examples" / "gpu-fp16-autoscaling.yaml").read_text())["spec"]
+    pod = build_children(parse_spec(raw), OWNER, DEFAULT_SERVER_IMAGE).deployment["spec"][
+        "template"
+    ]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] in (1, "1")
