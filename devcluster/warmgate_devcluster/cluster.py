@@ -35,6 +35,8 @@ CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-sche
 NODE = ("containerd", "kubelet", "kube-proxy")
 COMPONENTS = CONTROL_PLANE + NODE
 # Files and folders `up` owns inside the state folder (wiped before a fresh start).
+RUN_ROOT = Path("/run")
+RUN_MARKER = "cluster.json"
 _OWNED = ("pki", "etcd", "logs", "node", "certs", "kubeconfig", "runtime.json", "cluster.json")
 MAX_PODS = 110
 
@@ -134,6 +136,23 @@ class DevCluster:
         return self.network.node_ip
 
     @contextlib.contextmanager
+    def _try_lock(self) -> Iterator[bool]:
+        """The state folder's lock if nobody holds it; True when there is no folder to lock."""
+        if not self.state_dir.is_dir():
+            yield True
+            return
+        with open(self.state_dir / ".lock", "w") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(self.state_dir / ".lock", "w") as handle:
@@ -159,6 +178,7 @@ class DevCluster:
                 log(f"devcluster already running (state {self.state_dir})")
                 return False
             preflight()
+            reap_abandoned(log=log)
             self._stop_all(log=lambda *_: None)
             started = time.monotonic()
             bin_dir = find_bin_dir()
@@ -190,6 +210,10 @@ class DevCluster:
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         cfg.logs_dir.mkdir(parents=True, exist_ok=True)
         cfg.config_file.write_text(cfg.to_json())
+        # The run folder names the cluster it belongs to, so that a later `up` can find and
+        # tear down what this one leaves if its processes are ever killed without `down`.
+        paths.run_dir.mkdir(parents=True, exist_ok=True)
+        (paths.run_dir / RUN_MARKER).write_text(cfg.to_json())
         network.create()
         kubelet_user = kubelet_identity(cfg.node_name)
         pki = create_pki(
@@ -511,6 +535,30 @@ class DevCluster:
             config_file=str(self.kubeconfig), client_configuration=configuration
         )
         return client.ApiClient(configuration)
+
+
+def reap_abandoned(*, log: Callable[[str], None] = print) -> list[Path]:
+    """Tear down every cluster on this machine whose processes are all gone but whose network
+    namespace, mounts, cgroups or run folder remain: a test session or `make up` killed
+    without `down`, or a machine restarted under them. Left there, they hold the addresses the
+    next cluster wants. A cluster busy starting or stopping (its state lock held) or with any
+    process running is left alone. Returns the state folders of the clusters torn down."""
+    reaped = []
+    for run_dir in sorted(RUN_ROOT.glob("warmgate-devcluster-*")):
+        try:
+            config = ClusterConfig.from_dict(json.loads((run_dir / RUN_MARKER).read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        if config.run_dir != run_dir:
+            continue
+        cluster = DevCluster(config)
+        with cluster._try_lock() as held:
+            if not held or cluster.all_pids():
+                continue
+            cluster._stop_all(log=lambda *_: None)
+        log(f"removed the remains of an abandoned devcluster (state {config.state_dir})")
+        reaped.append(config.state_dir)
+    return reaped
 
 
 def mounts_under(*folders: Path) -> list[str]:

@@ -107,6 +107,14 @@ class ClusterConfig:
             raise ValueError(f"node_port_range {self.node_port_range!r} must look like 30000-32767")
         if self.control_plane_cpu_shares < 0:
             raise ValueError("control_plane_cpu_shares must be >= 0 (0: no cgroup of its own)")
+        # kubelet binds unix sockets inside the state folder (node/kubelet/pod-resources/<10
+        # digits>), and a socket's path has at most 107 bytes: past that it fails to start.
+        longest = len(str(Path(self.state_dir).resolve() / "node/kubelet/pod-resources")) + 11
+        if longest > 107:
+            raise ValueError(
+                f"state folder {self.state_dir} is {longest - 107} characters too long: kubelet"
+                " makes unix sockets below it (at most 107 bytes a path); choose a shorter one"
+            )
 
     # Paths inside the state folder.
     @property

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import ipaddress
 import json
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,10 @@ class NodeNetwork:
             if not dst or dst == "default":
                 continue
             network = ipaddress.ip_network(dst, strict=False)
+            if not any(network.overlaps(cidr) for cidr in ours):
+                continue
+            if _remove_if_abandoned(route.get("dev", "")):
+                continue
             for cidr in ours:
                 if network.overlaps(cidr):
                     raise NetworkError(
@@ -168,3 +173,15 @@ class NodeNetwork:
                 self.netns_path.unlink()
         # The route to the pods goes with the link it points through.
         _ip("link", "delete", self.host_link, check=False)
+
+
+def _remove_if_abandoned(link: str) -> bool:
+    """A devcluster's link (`wg<8 hex>`) whose namespace no process runs in any more is what a
+    killed cluster leaves; remove it (and its route goes with it). True if removed."""
+    if not re.fullmatch(r"wg[0-9a-f]{8}", link):
+        return False
+    network = NodeNetwork(f"wg-{link[2:]}", "", "", "")
+    if network.exists() and _ip("netns", "pids", network.name, check=False).stdout.strip():
+        return False
+    network.remove()
+    return True

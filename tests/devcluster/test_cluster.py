@@ -6,8 +6,11 @@ names, metrics-server serves `kubectl top`, and `kubectl logs`/`exec` reach the 
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,7 +31,13 @@ from support.pods import (
 )
 
 from warmgate_devcluster import cgroups, procs
-from warmgate_devcluster.cluster import COMPONENTS, CONTROL_PLANE, NODE, DevCluster, mounts_under
+from warmgate_devcluster.cluster import (
+    COMPONENTS,
+    CONTROL_PLANE,
+    NODE,
+    DevCluster,
+    mounts_under,
+)
 from warmgate_devcluster.images import BASE
 from warmgate_devcluster.pytest_plugin import isolated_config, reserve_slot
 
@@ -338,6 +347,57 @@ def test_up_status_down_leave_nothing_behind(tmp_path):
         assert not (cgroups.V1_CPU / name).exists(), name
     assert cluster.down(log=lambda *_: None) is False
     print(f"devcluster start: {start_seconds:.1f}s")
+
+
+def run_a_pod(cluster: DevCluster, name: str) -> None:
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(script_configmap()))
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod_manifest(name, server_container())))
+
+    def running() -> bool:
+        pod = json.loads(cluster.kubectl("get", "pod", name, "-o", "json").stdout)
+        return bool(pod["status"].get("containerStatuses", [{}])[0].get("ready"))
+
+    wait_for(running, f"pod {name} to run", 90)
+
+
+def test_the_next_up_removes_what_a_killed_cluster_left(tmp_path):
+    """A session killed without `down` (a machine restart, kill -9 of the test run) leaves its
+    node's namespace, the route to its pods, mounts and cgroups behind; the next cluster on
+    the same addresses must come up anyway and remove them."""
+    slot = reserve_slot()
+    killed = DevCluster(isolated_config(tmp_path / "k", slot, app_images=False))
+    following = DevCluster(isolated_config(tmp_path / "f", slot, app_images=False))
+    try:
+        killed.up(log=lambda *_: None)
+        run_a_pod(killed, "orphan")
+        for _ in range(10):  # kubelet or a shim may start something while the others die
+            pids = killed.all_pids()
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            wait_for(lambda p=pids: not any(procs.pid_running(x) for x in p), "the kill", 10)
+        assert not killed.all_pids()
+        # What the killed cluster left: its namespace, the route to its pods, mounts, cgroups.
+        assert killed.network.netns_path.exists()
+        assert mounts_under(killed.state_dir, killed.config.run_dir)
+        assert (cgroups.V1_CPU / killed.config.node_group).exists()
+
+        messages: list[str] = []
+        assert following.up(log=messages.append) is True
+        reaped = [m for m in messages if "abandoned devcluster" in m]
+        assert reaped and str(killed.state_dir) in reaped[0], messages
+        assert all(item.healthy for item in following.status())
+        assert not killed.network.netns_path.exists()
+        assert not mounts_under(killed.state_dir, killed.config.run_dir)
+        for name in (killed.config.cluster_name, killed.config.node_group):
+            assert not (cgroups.V1_CPU / name).exists(), name
+        run_a_pod(following, "after")
+    finally:
+        following.down(log=lambda *_: None)
+        killed.down(log=lambda *_: None)
+        slot.release()
 
 
 def test_cli_status_and_kubeconfig(tmp_path):

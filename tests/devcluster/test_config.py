@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,9 @@ def test_config_rejects_networks_that_cannot_work():
         ClusterConfig(node_port_range="30000")
     with pytest.raises(ValueError, match="control_plane_cpu_shares"):
         ClusterConfig(control_plane_cpu_shares=-1)
+    # kubelet could not bind its sockets below it, and would start without them.
+    with pytest.raises(ValueError, match="too long"):
+        ClusterConfig(state_dir=Path("/tmp") / ("x" * 80))
 
 
 def test_config_reads_the_environment_and_round_trips_through_cluster_json(tmp_path):
