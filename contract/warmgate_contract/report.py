@@ -11,8 +11,9 @@ from typing import Any
 
 from .shapes import Shape
 
-LOADING, WARMING, READY, DRAINING, FAILED = "loading", "warming", "ready", "draining", "failed"
-PHASES = (LOADING, WARMING, READY, DRAINING, FAILED)
+DOWNLOADING, LOADING, WARMING = "downloading", "loading", "warming"
+READY, DRAINING, FAILED = "ready", "draining", "failed"
+PHASES = (DOWNLOADING, LOADING, WARMING, READY, DRAINING, FAILED)
 
 
 class ReportError(ValueError):
@@ -47,6 +48,17 @@ class ReadyReport:
     model_settings: Mapping[str, Any] | None = None
     """How the server embeds (pooling, normalize, prompts) and what chose each: a flag, the
     model folder's sentence-transformers files, or the default. None until loaded."""
+    commit: str | None = None
+    """The hub commit the loaded files are from (None: a plain folder, or not loaded yet)."""
+    weights_digest: str | None = None
+    """`sha256:<hex>` over the weight files loaded; None until the files are located."""
+    download: Mapping[str, int] | None = None
+    """{"done_bytes", "total_bytes"} while (and after) downloading; None when nothing was."""
+
+    @property
+    def loaded_identity(self) -> tuple[str | None, str] | None:
+        """(commit, weights digest): what two pods of one template must agree on."""
+        return None if self.weights_digest is None else (self.commit, self.weights_digest)
 
     @property
     def ready(self) -> bool:
@@ -64,7 +76,10 @@ class ReadyReport:
                 "id": self.model_id,
                 "revision": self.revision,
                 "served_name": self.served_name,
+                "commit": self.commit,
+                "weights_digest": self.weights_digest,
             },
+            "download": None if self.download is None else dict(self.download),
             "device": self.device,
             "dtype": self.dtype,
             "workers": self.workers,
@@ -118,6 +133,9 @@ class ReadyReport:
                 workers=document.get("workers"),
                 torch_threads=document.get("torch_threads"),
                 model_settings=document.get("model_settings"),
+                commit=model.get("commit"),
+                weights_digest=model.get("weights_digest"),
+                download=document.get("download"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ReportError(f"the /ready report lacks or mangles {error}") from None

@@ -11,12 +11,13 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmgate_devcluster import cgroups, images, procs
+from warmgate_devcluster import cgroups, images, models, procs
 from warmgate_devcluster import controlplane as cp
 from warmgate_devcluster import node as nodecfg
 from warmgate_devcluster.binaries import find_bin_dir, find_node_bin_dir
@@ -33,7 +34,10 @@ from warmgate_devcluster.pki import (
 # Start order; `down` stops them in reverse.
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 NODE = ("containerd", "kubelet", "kube-proxy")
-COMPONENTS = CONTROL_PLANE + NODE
+# Beside the cluster, as a company's own services would be: a model hub (the Hugging Face hub's
+# file protocol, `hubmirror`) that pods download models from.
+SERVICES = ("model-hub",)
+COMPONENTS = CONTROL_PLANE + NODE + SERVICES
 # Files and folders `up` owns inside the state folder (wiped before a fresh start).
 RUN_ROOT = Path("/run")
 RUN_MARKER = "cluster.json"
@@ -239,7 +243,7 @@ class DevCluster:
         cgroups.create_root(cfg.cluster_name)
 
         def launch(name: str, argv: list[str], env: dict[str, str] | None = None):
-            group = control_plane_group if name in CONTROL_PLANE else node_group
+            group = control_plane_group if name not in NODE else node_group
             if group is not None:
                 argv = cgroups.launch_in(group, argv)
             record, child = procs.spawn(
@@ -279,6 +283,7 @@ class DevCluster:
         scheduler = launch(
             "kube-scheduler", cp.scheduler_argv(bin_dir, cfg.kubeconfig, certs / "sched", ports)
         )
+        hub = self._start_hub(launch, runtime)
 
         # The node: containerd first (images go in before kubelet looks for its sandbox image).
         for folder in (
@@ -336,6 +341,7 @@ class DevCluster:
             )
         wait(self._kube_proxy_healthy, "kube-proxy /healthz", kube_proxy)
         wait(self._node_ready, f"node {cfg.node_name} Ready", kubelet)
+        wait(self._hub_ready, "model hub", hub)
         self._install_addons(bin_dir)
         # Pods look names up from their first instruction (kopf connects to
         # kubernetes.default.svc): the cluster DNS answers before `up` returns.
@@ -348,6 +354,34 @@ class DevCluster:
             "deployment/coredns",
             f"--timeout={int(cfg.start_timeout)}s",
         )
+
+    def _start_hub(self, launch, runtime: dict) -> procs.ProcRecord:
+        """The model hub on this machine's end of the node link (pods reach it there), seeded
+        with the test model's revisions."""
+        (port,) = procs.free_ports(1)
+        runtime["hub_endpoint"] = f"http://{self.network.host_ip}:{port}"
+        runtime["hub_revisions"] = models.seed_hub()
+        self._write_runtime(runtime)
+        argv = [sys.executable, "-m", "warmgate_devcluster.hubmirror", "--root"]
+        argv += [str(models.hub_root()), "--host", self.network.host_ip, "--port", str(port)]
+        return launch("model-hub", argv)
+
+    @property
+    def hub_endpoint(self) -> str | None:
+        """The devcluster's model hub (HF_ENDPOINT for its pods)."""
+        return self.runtime().get("hub_endpoint")
+
+    @property
+    def hub_revisions(self) -> dict[str, str]:
+        """{revision: commit} of the test model on the hub."""
+        return dict(self.runtime().get("hub_revisions") or {})
+
+    def _hub_ready(self) -> bool:
+        endpoint = self.hub_endpoint
+        if not endpoint:
+            return False
+        url = f"{endpoint}/api/models/{models.MINILM_ID}/revision/main"
+        return cp.http_get(url)[0] == 200
 
     def _containerd_ready(self) -> bool:
         if not self.paths.containerd_socket.exists():
@@ -447,6 +481,9 @@ class DevCluster:
                 elif name == "kube-proxy":
                     healthy = self._kube_proxy_healthy()
                     detail = f"/healthz on {self.network.node_ip}:10256"
+                elif name == "model-hub":
+                    healthy = self._hub_ready()
+                    detail = f"{self.hub_endpoint} ({models.MINILM_ID})"
                 else:
                     healthy = self._node_ready()
                     state = "Ready" if healthy else "not Ready"
@@ -492,7 +529,7 @@ class DevCluster:
         if unmounted:
             log(f"unmounted {unmounted} pod and container mounts")
         self.network.remove()
-        for name in reversed(CONTROL_PLANE):
+        for name in reversed(CONTROL_PLANE + SERVICES):
             stop(name, 10.0)
         for group in (cfg.cluster_name, cfg.node_group, cfg.control_plane_group):
             cgroups.remove_tree(group)

@@ -41,6 +41,7 @@ from warmgate_devcluster.config import cache_root, repo_root
 INPUTS_LABEL = "warmgate.dev/inputs"
 SERVER_IMAGE = "ghcr.io/warmgate/warmgate-server:0.1.0"
 SERVER_MINILM_IMAGE = "ghcr.io/warmgate/warmgate-server:0.1.0-minilm"
+MODEL_MINILM_V2_IMAGE = "localhost/warmgate/model-all-minilm-l6-v2:v2"
 OPERATOR_IMAGE = "ghcr.io/warmgate/warmgate-operator:0.1.0"
 BASE_IMAGE = "localhost/warmgate/python:3.11-bookworm"
 PAUSE_IMAGE = "localhost/warmgate/pause:3.10"
@@ -146,10 +147,11 @@ def _hash_paths(digest, root: Path, relatives: Iterable[str]) -> None:
 
 
 def _hash_folder_listing(digest, folder: Path) -> None:
-    """A model folder, by file names and sizes (the weights are large, and the folder comes
-    from a pinned package)."""
+    """A model folder, by file names, sizes and modes (the weights are large, and the folder
+    comes from a pinned package)."""
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(f"{path.relative_to(folder)}\0{path.stat().st_size}\0".encode())
+        stat = path.stat()
+        digest.update(f"{path.relative_to(folder)}\0{stat.st_size}\0{stat.st_mode:o}\0".encode())
 
 
 @dataclass(frozen=True)
@@ -360,14 +362,64 @@ def _dockerfile_image(
         for name, folder in build_contexts().items():
             argv += ["--build-context", f"{name}={folder}"]
         _run(buildah_argv(*argv, str(root)), log)
+        if image.built_hash() != image.input_hash():
+            # Every step came from the layer cache (only the label's value changed, e.g. a
+            # build context's file modes): buildah then reuses the cached image, old label and
+            # all. Label it with a metadata-only commit.
+            _relabel(image, log)
 
     return build, inputs
+
+
+def _relabel(image: Image, log: Path) -> None:
+    result = subprocess.run(
+        buildah_argv("from", "--pull-never", image.name), capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise ImageBuildError(f"buildah from {image.name}: {result.stderr.strip()}")
+    container = result.stdout.strip().splitlines()[-1]
+    try:
+        label = f"{INPUTS_LABEL}={image.input_hash()}"
+        _run(buildah_argv("config", "--label", label, container), log)
+        _run(buildah_argv("commit", "--rm", container, image.name), log)
+    finally:
+        subprocess.run(buildah_argv("rm", container), capture_output=True)
 
 
 def _minilm_folder() -> Path:
     from warmgate_devcluster.models import minilm_folder
 
     return minilm_folder()
+
+
+def _model_image(folder: Callable[[], Path]) -> tuple[Callable, Callable]:
+    """An image holding nothing but a model folder's files at its root: what a Kubernetes
+    image volume mounts (no entrypoint, no base)."""
+
+    def inputs() -> str:
+        digest = hashlib.sha256()
+        _hash_folder_listing(digest, folder())
+        return digest.hexdigest()
+
+    def build(image: Image, log: Path) -> None:
+        container = _new_container(log)
+        try:
+            source = folder()
+            files = sorted(p for p in source.iterdir() if not p.name.startswith("."))
+            _run(buildah_argv("copy", container, *map(str, files), "/"), log)
+            label = f"{INPUTS_LABEL}={image.input_hash()}"
+            _run(buildah_argv("config", "--label", label, container), log)
+            _run(buildah_argv("commit", "--rm", container, image.name), log)
+        finally:
+            subprocess.run(buildah_argv("rm", container), capture_output=True)
+
+    return build, inputs
+
+
+def _minilm_v2_folder() -> Path:
+    from warmgate_devcluster.models import minilm_v2_folder
+
+    return minilm_v2_folder()
 
 
 def _image(name: str, parts: tuple[Callable, Callable], *depends: Image) -> Image:
@@ -402,11 +454,13 @@ OPERATOR = _image(
     ),
     BASE,
 )
+MODEL_MINILM_V2 = _image(MODEL_MINILM_V2_IMAGE, _model_image(_minilm_v2_folder))
 # What every node gets: the sandbox, the cluster's add-ons (DNS, metrics) and the base (plain
-# test pods); and, unless a cluster is told otherwise, warmgate's own: the operator and the
-# server with its model.
+# test pods); and, unless a cluster is told otherwise, warmgate's own: the operator, the server
+# (which downloads its model from the devcluster's hub), the server with a model baked in, and
+# a model image (for image volumes). The two servers share all but the model's layer.
 SYSTEM_IMAGES = (PAUSE, COREDNS, METRICS_SERVER, BASE)
-APP_IMAGES = (OPERATOR, SERVER_MINILM)
+APP_IMAGES = (OPERATOR, SERVER, SERVER_MINILM, MODEL_MINILM_V2)
 
 
 # ------------------------------------------------------------------ into containerd

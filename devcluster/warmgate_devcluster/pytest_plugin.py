@@ -67,6 +67,16 @@ class DevClusterHandle:
         return self.cluster.node_ip
 
     @property
+    def hub_endpoint(self) -> str | None:
+        """The devcluster's model hub: pods download models from it (HF_ENDPOINT)."""
+        return self.cluster.hub_endpoint
+
+    @property
+    def hub_revisions(self) -> dict[str, str]:
+        """{revision: commit} of all-MiniLM-L6-v2 on the hub (main, v1, and v2: other weights)."""
+        return self.cluster.hub_revisions
+
+    @property
     def networks(self) -> tuple[str, str]:
         """The node link and the pod network: the only addresses besides loopback a test may
         send to."""

@@ -37,17 +37,21 @@ def _say(message: str) -> None:
     print(f"==> {message}", flush=True)
 
 
-def chart_values() -> list[str]:
+def chart_values(hub_endpoint: str | None) -> list[str]:
     """The chart's settings for the devcluster: the images it built, never pulled, and the
-    server image with all-MiniLM-L6-v2 baked in (pods here cannot download a model)."""
+    devcluster's model hub, which server pods download their model from (no hub outside this
+    machine can be reached)."""
     repository, _, tag = images.OPERATOR.name.rpartition(":")
-    return [
+    values = [
         f"--set=image.repository={repository}",
         f"--set=image.tag={tag}",
         "--set=image.pullPolicy=Never",
-        f"--set=serverImage={images.SERVER_MINILM.name}",
+        f"--set=serverImage={images.SERVER.name}",
         "--set=logFormat=text",
     ]
+    if hub_endpoint:
+        values.append(f"--set=hubEndpoint={hub_endpoint}")
+    return values
 
 
 class Quickstart:
@@ -89,7 +93,7 @@ class Quickstart:
             "--namespace",
             OPERATOR_NAMESPACE,
             "--create-namespace",
-            *chart_values(),
+            *chart_values(self.cluster.hub_endpoint),
             "--wait",
             "--timeout=5m",
         )

@@ -103,14 +103,17 @@ def tiny_minilm(name: str = "minilm", image: str | None = None) -> dict[str, Any
 
 class OperatorProcess:
     """`python -m warmgate_operator ARGS` against a cluster (its `env`: KUBECONFIG), output in
-    `log_path`, in a session of its own and stopped by its pid. Server pods default to the image
-    the devcluster's node holds with the model baked in (they cannot download one here)."""
+    `log_path`, in a session of its own and stopped by its pid. Server pods default to the
+    server image the node holds, and download their model from the devcluster's hub."""
 
     def __init__(self, cluster: Any, log_path: Path, *args: str) -> None:
         self.env = dict(cluster.env, PYTHONUNBUFFERED="1")
         self.log_path = log_path
         if not any(arg.startswith("--default-image") for arg in args):
-            args = (f"--default-image={images.SERVER_MINILM.name}", *args)
+            args = (f"--default-image={images.SERVER.name}", *args)
+        hub = getattr(cluster, "hub_endpoint", None)
+        if hub and not any(arg.startswith("--hub-endpoint") for arg in args):
+            args = (f"--hub-endpoint={hub}", *args)
         self.args = args
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -46,6 +46,9 @@ EXIT_MARGIN_SECONDS = 10
 
 CACHE_DIR = "/var/cache/warmgate"
 MODELS_DIR = "/var/lib/warmgate/models"
+# The hub source's Hugging Face cache: in the per-pod cache emptyDir, or on the cache claim.
+HF_CACHE_DIR = f"{CACHE_DIR}/huggingface"
+HF_CLAIM_DIR = "/var/lib/warmgate/huggingface"
 
 DEFAULT_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
 
@@ -119,11 +122,67 @@ def _metadata(owner: Owner, name: str) -> dict[str, Any]:
 
 
 def model_path(spec: EmbeddingServiceSpec) -> str:
-    """What `--model` gets: a folder on the claim, or the id resolved from the HF cache."""
-    volume = spec.model.volume
-    if volume is None:
-        return spec.model.id
-    return f"{MODELS_DIR}/{volume.path}".rstrip("/")
+    """What `--model` gets: the hub id (the hub source, a claim holding a Hugging Face cache,
+    a model baked into the image's cache), or a folder (on a claim, in an image volume, in
+    the server image)."""
+    source = spec.model.source
+    if source.volume is not None and source.volume.layout == "folder":
+        return f"{MODELS_DIR}/{source.volume.path}".rstrip("/")
+    if source.image is not None:
+        return f"{MODELS_DIR}/{source.image.path}".rstrip("/")
+    if source.baked is not None and source.baked.path:
+        return source.baked.path
+    return spec.model.id
+
+
+def model_source_parts(
+    spec: EmbeddingServiceSpec, hub_endpoint: str | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(env, volume mounts, volumes) that give the server its model's files.
+
+    The hub source lets the server download (HF_HUB_OFFLINE=0) into a Hugging Face cache:
+    the pod's cache emptyDir, or a claim the pods share; `hub_endpoint` (the operator's
+    --hub-endpoint) stands in when the spec names no endpoint. Every other source is read
+    offline: a claim (a model folder, or a Hugging Face cache), an image volume, the image.
+    """
+    source = spec.model.source
+    env: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    offline = "1"
+    if source.kind == "hub":
+        hub = source.hub
+        offline = "1" if hub.offline else "0"
+        home = HF_CACHE_DIR
+        if hub.cache_claim_name:
+            home = HF_CLAIM_DIR
+            mounts.append({"name": "model", "mountPath": HF_CLAIM_DIR})
+            volumes.append(
+                {"name": "model", "persistentVolumeClaim": {"claimName": hub.cache_claim_name}}
+            )
+        env.append({"name": "HF_HOME", "value": home})
+        endpoint = hub.endpoint or hub_endpoint
+        if endpoint:
+            env.append({"name": "HF_ENDPOINT", "value": endpoint})
+        if hub.token_secret:
+            ref = {"name": hub.token_secret, "key": hub.token_key}
+            env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+        # The server logs its own progress (and /ready counts the bytes): no progress bars.
+        env.append({"name": "HF_HUB_DISABLE_PROGRESS_BARS", "value": "1"})
+        env.append({"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"})
+    elif source.volume is not None:
+        mounts.append({"name": "model", "mountPath": MODELS_DIR, "readOnly": True})
+        claim = {"claimName": source.volume.claim_name, "readOnly": True}
+        volumes.append({"name": "model", "persistentVolumeClaim": claim})
+        if source.volume.layout == "hubCache":
+            home = f"{MODELS_DIR}/{source.volume.path}".rstrip("/")
+            env.append({"name": "HF_HOME", "value": home})
+    elif source.image is not None:
+        mounts.append({"name": "model", "mountPath": MODELS_DIR, "readOnly": True})
+        image = {"reference": source.image.reference, "pullPolicy": source.image.pull_policy}
+        volumes.append({"name": "model", "image": image})
+    env.append({"name": "HF_HUB_OFFLINE", "value": offline})
+    return env, mounts, volumes
 
 
 def server_args(spec: EmbeddingServiceSpec) -> list[str]:
@@ -133,7 +192,9 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
         {
             "model": model_path(spec),
             "model_revision": model.revision,
-            "served_model_name": model.served_name,
+            # A model read from a folder is still called by its id, whatever the folder.
+            "served_model_name": model.served_name
+            or (model.id if model_path(spec) != model.id else None),
             "port": SERVER_PORT,
             "device": spec.runtime.device,
             "dtype": spec.runtime.dtype,
@@ -196,6 +257,7 @@ def startup_budget(
     image_pull_secrets: Sequence[str],
     startup_seconds: float | None,
     live: Mapping[str, Any] | None,
+    hub_endpoint: str | None = None,
 ) -> int:
     """The startup probe's budget in seconds: the spec's, or sized from the measured start.
 
@@ -215,7 +277,7 @@ def startup_budget(
     current = live_startup_budget(live)
     if current is None or wanted >= current:
         return wanted
-    kept = build_pod_template(spec, owner, default_image, image_pull_secrets, current)
+    kept = build_pod_template(spec, owner, default_image, image_pull_secrets, current, hub_endpoint)
     live_hash = (live or {})["spec"]["template"]["metadata"].get("annotations", {})
     if kept["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == live_hash.get(SPEC_HASH_ANNOTATION):
         return current
@@ -242,6 +304,7 @@ def build_pod_template(
     default_image: str,
     image_pull_secrets: Sequence[str] = (),
     startup_budget_seconds: int = UNMEASURED_STARTUP_BUDGET,
+    hub_endpoint: str | None = None,
 ) -> dict[str, Any]:
     """The server pods' template. `image_pull_secrets` (the operator's
     `--server-image-pull-secret`) are Secret names in the EmbeddingService's namespace;
@@ -300,19 +363,10 @@ def build_pod_template(
             "configMap": {"name": configmap_name(owner.name), "optional": True},
         },
     ]
-    if spec.model.volume is not None:
-        container["volumeMounts"].append(
-            {"name": "model", "mountPath": MODELS_DIR, "readOnly": True}
-        )
-        volumes.append(
-            {
-                "name": "model",
-                "persistentVolumeClaim": {
-                    "claimName": spec.model.volume.claim_name,
-                    "readOnly": True,
-                },
-            }
-        )
+    model_env, model_mounts, model_volumes = model_source_parts(spec, hub_endpoint)
+    container["env"] += model_env
+    container["volumeMounts"] += model_mounts
+    volumes += model_volumes
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -366,6 +420,7 @@ def build_deployment(
     default_image: str,
     image_pull_secrets: Sequence[str] = (),
     startup_budget_seconds: int = UNMEASURED_STARTUP_BUDGET,
+    hub_endpoint: str | None = None,
 ) -> dict[str, Any]:
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(owner.name)},
@@ -379,7 +434,7 @@ def build_deployment(
         "progressDeadlineSeconds": spec.progress_deadline_seconds(startup_budget_seconds),
         "revisionHistoryLimit": 5,
         "template": build_pod_template(
-            spec, owner, default_image, image_pull_secrets, startup_budget_seconds
+            spec, owner, default_image, image_pull_secrets, startup_budget_seconds, hub_endpoint
         ),
     }
     # With autoscaling on, the HPA owns the replica count: the field is left out entirely so
@@ -547,16 +602,25 @@ def build_children(
     image_pull_secrets: Sequence[str] = (),
     startup_seconds: float | None = None,
     live_deployment: Mapping[str, Any] | None = None,
+    hub_endpoint: str | None = None,
 ) -> DesiredChildren:
     """Every child; `default_image` serves when the spec names no image, and its pods pull it
     with `image_pull_secrets`. `startup_seconds` (status.startupSeconds) and the live Deployment
     size the startup probe when the spec does not (`startup_budget`)."""
     budget = startup_budget(
-        spec, owner, default_image, image_pull_secrets, startup_seconds, live_deployment
+        spec,
+        owner,
+        default_image,
+        image_pull_secrets,
+        startup_seconds,
+        live_deployment,
+        hub_endpoint,
     )
     return DesiredChildren(
         configmap=build_configmap(spec, owner, observed_shapes),
-        deployment=build_deployment(spec, owner, default_image, image_pull_secrets, budget),
+        deployment=build_deployment(
+            spec, owner, default_image, image_pull_secrets, budget, hub_endpoint
+        ),
         service=build_service(spec, owner),
         hpa=build_hpa(spec, owner),
         pdb=build_pdb(spec, owner),

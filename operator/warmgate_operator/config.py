@@ -39,6 +39,8 @@ class OperatorConfig:
     stats_file: where to keep a JSON file of API request counts and peak memory, or None.
     server_image_pull_secrets: names of Secrets (in each EmbeddingService's namespace) that
         every server pod lists in `imagePullSecrets`, for a server image in a private registry.
+    hub_endpoint: the Hugging Face hub (or mirror) URL that hub-sourced pods download from
+        when their spec names none (HF_ENDPOINT); None: huggingface.co.
     """
 
     default_image: str = DEFAULT_SERVER_IMAGE
@@ -50,8 +52,14 @@ class OperatorConfig:
     liveness_endpoint: str | None = None
     stats_file: str | None = None
     server_image_pull_secrets: tuple[str, ...] = ()
+    hub_endpoint: str | None = None
 
     def __post_init__(self) -> None:
+        if self.hub_endpoint is not None and not re.match(r"^https?://[^/\s]+", self.hub_endpoint):
+            raise ConfigError(
+                f"--hub-endpoint {self.hub_endpoint!r} must be an http(s) URL, "
+                "e.g. https://hf-mirror.internal"
+            )
         if not self.default_image:
             raise ConfigError("--default-image must not be empty")
         if self.log_format not in LOG_FORMATS:
@@ -131,6 +139,12 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "env WARMGATE_OPERATOR_SERVER_IMAGE_PULL_SECRETS, comma-separated)",
     )
     parser.set_defaults(env_pull_secrets=twin("server-image-pull-secrets", ""))
+    parser.add_argument(
+        "--hub-endpoint",
+        default=twin("hub-endpoint", None),
+        help="Hugging Face hub or mirror URL for EmbeddingServices whose hub source names "
+        "none (HF_ENDPOINT in the pods); default: huggingface.co",
+    )
     return parser
 
 
@@ -161,6 +175,7 @@ def load_config(
             liveness_endpoint=args.liveness_endpoint or None,
             stats_file=args.stats_file or None,
             server_image_pull_secrets=pull_secrets,
+            hub_endpoint=args.hub_endpoint or None,
         )
     except (TypeError, ValueError) as error:
         raise ConfigError(str(error)) from error

@@ -6,6 +6,7 @@ a verdict and the pod condition to write come out. `gatekeeper` does the fetchin
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from warmgate_contract.names import (
     SERVER_CONTAINER,
     SERVER_PORT,
     SERVER_PORT_NAME,
+    SPEC_HASH_ANNOTATION,
     WARMED_CONDITION,
 )
 from warmgate_contract.report import FAILED, READY, ReadyReport, ReportError
@@ -39,6 +41,17 @@ class Expectation:
     port: int
 
 
+Identity = tuple[str | None, str]
+"""What a server loaded: (hub commit or None for a plain folder, weights digest)."""
+
+_LOADED = re.compile(r"loaded commit=([\w.-]+) weights=(sha256:[0-9a-f]+)")
+
+
+def describe_identity(identity: Identity) -> str:
+    commit, digest = identity
+    return f"commit={commit or '-'} weights={digest}"
+
+
 @dataclass(frozen=True)
 class Verdict:
     passed: bool
@@ -51,6 +64,8 @@ class Verdict:
     # Whether retrying can help (a model mismatch will not fix itself; a warming pod will).
     retryable: bool = True
     details: Mapping[str, Any] = field(default_factory=dict)
+    identity: Identity | None = None
+    """What the server loaded, when its report says."""
 
 
 def _container(pod: Mapping[str, Any], name: str = SERVER_CONTAINER) -> Mapping[str, Any] | None:
@@ -161,15 +176,61 @@ def evaluate_report(document: Any, expected: Expectation) -> Verdict:
         )
     steady = {item.shape: item.steady_ms for item in report.warmed}
     probe_shape = min(steady) if steady else None
+    identity = report.loaded_identity
+    loaded = f"; loaded {describe_identity(identity)}" if identity else ""
     return Verdict(
         True,
         REASON_VERIFIED,
         f"{len(steady)} shapes warm in {report.warmup_seconds or 0.0:.1f}s; model "
-        f"{expected.model_id} revision {expected.revision}",
+        f"{expected.model_id} revision {expected.revision}{loaded}",
         warmup_seconds=report.warmup_seconds,
         probe_shape=probe_shape,
         steady_ms=steady.get(probe_shape) if probe_shape else None,
+        identity=identity,
     )
+
+
+def check_same_files(verdict: Verdict, reference: Identity | None, holder: str) -> Verdict:
+    """A passing verdict stays passed only when the pod loaded what the other pods of its
+    template did (`reference`, first loaded by pod `holder`): the same revision can name other
+    files later (a branch moved on the hub, a claim or an image tag rewritten), and one
+    Service must not answer with two models."""
+    if not verdict.passed or reference is None or verdict.identity is None:
+        return verdict
+    if verdict.identity == reference:
+        return verdict
+    return Verdict(
+        False,
+        REASON_MODEL_MISMATCH,
+        f"this pod loaded {describe_identity(verdict.identity)}, but pod {holder} of the same "
+        f"template serves {describe_identity(reference)}: the revision now names other files "
+        "(a moved branch, a rewritten claim or image tag); pin spec.model.revision to a commit "
+        "and roll out again",
+        retryable=False,
+        identity=verdict.identity,
+    )
+
+
+def loaded_identity(pod: Mapping[str, Any]) -> Identity | None:
+    """What a verified pod loaded, as its warmgate.dev/warmed condition recorded it."""
+    current = condition(pod)
+    if not current or current.get("status") != "True":
+        return None
+    match = _LOADED.search(current.get("message") or "")
+    if match is None:
+        return None
+    commit = None if match.group(1) == "-" else match.group(1)
+    return commit, match.group(2)
+
+
+def template_key(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, template): pods that must serve the same files. The ReplicaSet's
+    pod-template-hash, else the operator's spec hash."""
+    meta = pod.get("metadata", {})
+    key = (meta.get("labels") or {}).get("pod-template-hash") or (
+        meta.get("annotations") or {}
+    ).get(SPEC_HASH_ANNOTATION)
+    return (str(meta.get("namespace")), str(key)) if key else None
 
 
 def verification_passes(

@@ -115,6 +115,10 @@ class Gatekeeper:
         self._config = config
         self._verify_latency = verify_latency
         self._workers: dict[str, _Worker] = {}
+        # What the first verified pod of each template loaded (and its name): later pods of
+        # the template must load the same files. Rebuilt after a restart from the verified
+        # pods' conditions (gate.loaded_identity).
+        self._loaded: dict[tuple[str, str], tuple[gate.Identity, str]] = {}
 
     @property
     def active(self) -> int:
@@ -140,6 +144,39 @@ class Gatekeeper:
         worker = self._workers.pop(uid, None)
         if worker and worker.task and not worker.task.done():
             worker.task.cancel()
+        if worker is not None:
+            key = gate.template_key(worker.pod)
+            if key and not any(gate.template_key(w.pod) == key for w in self._workers.values()):
+                self._loaded.pop(key, None)
+
+    def _reference(self, pod: Mapping[str, Any]) -> tuple[gate.Identity, str] | None:
+        """What the pod's template siblings loaded: remembered, or read from a verified
+        sibling's condition (after an operator restart)."""
+        key = gate.template_key(pod)
+        if key is None:
+            return None
+        if key in self._loaded:
+            return self._loaded[key]
+        uid = pod.get("metadata", {}).get("uid")
+        for other_uid, worker in self._workers.items():
+            if other_uid == uid or gate.template_key(worker.pod) != key:
+                continue
+            identity = gate.loaded_identity(worker.pod)
+            if identity is not None:
+                self._loaded[key] = (identity, _name(worker.pod))
+                return self._loaded[key]
+        return None
+
+    def _judge_files(self, pod: Mapping[str, Any], verdict: gate.Verdict) -> gate.Verdict:
+        """Compare with the template's siblings, and claim the template for this pod's files
+        when it is the first. No await in here: two pods judged at once cannot both claim."""
+        reference = self._reference(pod)
+        if reference is None:
+            key = gate.template_key(pod)
+            if verdict.passed and verdict.identity is not None and key is not None:
+                self._loaded[key] = (verdict.identity, _name(pod))
+            return verdict
+        return gate.check_same_files(verdict, reference[0], reference[1])
 
     async def close(self) -> None:
         tasks = [w.task for w in self._workers.values() if w.task and not w.task.done()]
@@ -231,6 +268,7 @@ class Gatekeeper:
         verdict = gate.evaluate_report(report, expected)
         if verdict.passed and self._verify_latency(pod) and verdict.probe_shape:
             verdict = await self._verify(host, expected.port, verdict)
+        verdict = self._judge_files(pod, verdict)
         if verified and verdict.passed:
             return None, None
         await self._write(pod, verdict, restarts, existing)
@@ -257,6 +295,7 @@ class Gatekeeper:
                 verdict.reason,
                 f"{verdict.message}; verification {measured:.1f} ms vs steady {steady:.1f} ms",
                 warmup_seconds=verdict.warmup_seconds,
+                identity=verdict.identity,
             )
         return gate.Verdict(
             False,

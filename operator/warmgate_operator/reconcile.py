@@ -83,6 +83,7 @@ async def _apply_children(
         image_pull_secrets=ctx.config.server_image_pull_secrets,
         startup_seconds=status.get("startupSeconds"),
         live_deployment=live,
+        hub_endpoint=ctx.config.hub_endpoint,
     )
     cache = ctx.cache
     outcomes = []

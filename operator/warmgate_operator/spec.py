@@ -26,12 +26,58 @@ class SpecError(ValueError):
     """The spec cannot be turned into objects; the message names the field and what to change."""
 
 
+SOURCES = ("hub", "volume", "image", "baked")
+VOLUME_LAYOUTS = ("folder", "hubCache")
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """Downloaded by the pod from a Hugging Face hub (or a mirror) into its cache volume."""
+
+    endpoint: str | None = None
+    """HF_ENDPOINT; None: the operator's --hub-endpoint, else huggingface.co."""
+    token_secret: str | None = None
+    token_key: str = "token"
+    cache_claim_name: str | None = None
+    """A PersistentVolumeClaim for the cache (shared by the pods); None: an emptyDir per pod."""
+    offline: bool = False
+    """Only the cache claim: never ask the hub."""
+
+
 @dataclass(frozen=True)
 class VolumeSource:
-    """A model read from a PersistentVolumeClaim instead of the image's Hugging Face cache."""
+    """A model read from a PersistentVolumeClaim: a plain model folder, or a Hugging Face
+    cache (`hubCache`, resolved offline by id and revision)."""
 
     claim_name: str
     path: str = ""
+    layout: str = "folder"
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """An OCI image holding the model's files, mounted as an image volume."""
+
+    reference: str
+    pull_policy: str = "IfNotPresent"
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class BakedSource:
+    """The model is in the server image: a folder (path), or the image's own Hugging Face cache
+    (no path: the id and revision resolve offline from HF_HOME)."""
+
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str = "hub"
+    hub: HubSource = field(default_factory=HubSource)
+    volume: VolumeSource | None = None
+    image: ImageSource | None = None
+    baked: BakedSource | None = None
 
 
 @dataclass(frozen=True)
@@ -43,7 +89,7 @@ class ModelSpec:
     pooling: str | None = None
     normalize: bool | None = None
     max_input_length: int | None = None
-    volume: VolumeSource | None = None
+    source: ModelSource = field(default_factory=ModelSource)
 
 
 @dataclass(frozen=True)
@@ -237,18 +283,63 @@ def _scaling(raw: Mapping[str, Any], default: ScalingRules, where: str) -> Scali
     )
 
 
+def _model_source(model_raw: Mapping[str, Any]) -> ModelSource:
+    """`spec.model.source` (one of hub, volume, image, baked; unset: hub). The older
+    `spec.model.volume` still means `source.volume`."""
+    raw = dict(_section(model_raw, "source"))
+    if model_raw.get("volume"):
+        if raw:
+            raise SpecError(
+                "spec.model.volume is the older spelling of spec.model.source.volume: set one"
+            )
+        raw = {"volume": model_raw["volume"]}
+    given = [kind for kind in SOURCES if raw.get(kind) is not None]
+    if len(given) > 1:
+        raise SpecError(f"spec.model.source takes one of {', '.join(SOURCES)}, got {given}")
+    kind = given[0] if given else "hub"
+    where = f"spec.model.source.{kind}"
+    part = _section(raw, kind) if kind in raw else {}
+    if kind == "hub":
+        secret = _section(part, "tokenSecret")
+        if secret and not secret.get("name"):
+            raise SpecError(f"{where}.tokenSecret.name is required when tokenSecret is set")
+        offline = bool(_get(part, "offline", False))
+        if offline and not part.get("cacheClaimName"):
+            raise SpecError(f"{where}.offline needs {where}.cacheClaimName (a cache to read)")
+        hub = HubSource(
+            endpoint=part.get("endpoint") or None,
+            token_secret=secret.get("name") or None,
+            token_key=_get(secret, "key", "token"),
+            cache_claim_name=part.get("cacheClaimName") or None,
+            offline=offline,
+        )
+        return ModelSource("hub", hub=hub)
+    if kind == "volume":
+        if not part.get("claimName"):
+            raise SpecError(f"{where}.claimName is required")
+        layout = _get(part, "layout", "folder")
+        if layout not in VOLUME_LAYOUTS:
+            raise SpecError(f"{where}.layout must be one of {', '.join(VOLUME_LAYOUTS)}")
+        volume = VolumeSource(part["claimName"], _get(part, "path", ""), layout)
+        return ModelSource("volume", volume=volume)
+    if kind == "image":
+        if not part.get("reference"):
+            raise SpecError(f"{where}.reference is required: the image holding the model")
+        pull = _get(part, "pullPolicy", "IfNotPresent")
+        if pull not in PULL_POLICIES:
+            raise SpecError(f"{where}.pullPolicy must be one of {', '.join(PULL_POLICIES)}")
+        image = ImageSource(part["reference"], pull, _get(part, "path", ""))
+        return ModelSource("image", image=image)
+    return ModelSource("baked", baked=BakedSource(part.get("path") or None))
+
+
 def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
     """Read `EmbeddingService.spec` into typed values, applying the CRD's defaults."""
     model_raw = _section(raw, "model")
     model_id = model_raw.get("id")
     if not isinstance(model_id, str) or not model_id:
         raise SpecError("spec.model.id is required: a Hugging Face id or a folder name")
-    volume_raw = model_raw.get("volume")
-    volume = None
-    if volume_raw:
-        if not volume_raw.get("claimName"):
-            raise SpecError("spec.model.volume.claimName is required when spec.model.volume is set")
-        volume = VolumeSource(claim_name=volume_raw["claimName"], path=_get(volume_raw, "path", ""))
+    source = _model_source(model_raw)
     model = ModelSpec(
         id=model_id,
         revision=_get(model_raw, "revision", "main"),
@@ -256,7 +347,7 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         pooling=_get(model_raw, "pooling", None),
         normalize=_optional_bool(_get(model_raw, "normalize", None)),
         max_input_length=_int(model_raw, "maxInputLength", None, "spec.model"),
-        volume=volume,
+        source=source,
     )
 
     runtime_raw = _section(raw, "runtime")

@@ -24,6 +24,7 @@ from warmgate_contract.names import (
 )
 
 from .builders import selector_string
+from .gate import loaded_identity
 from .spec import EmbeddingServiceSpec
 
 # Waiting reasons that will not fix themselves: a person should look.
@@ -141,20 +142,27 @@ def _failing_pod(pods: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def _serving_model(pods: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
-    """The model most ready pods serve, read from their template annotations."""
+    """The model most ready pods serve: id and revision from their template annotations, the
+    commit and weights digest they loaded from their warm-gate condition."""
     counts = Counter(
         (
             _get(p, "metadata", "annotations", MODEL_ID_ANNOTATION),
             _get(p, "metadata", "annotations", MODEL_REVISION_ANNOTATION),
+            loaded_identity(p) or (None, None),
         )
         for p in pods
         if is_pod_ready(p)
     )
-    counts.pop((None, None), None)
+    counts.pop((None, None, (None, None)), None)
     if not counts:
         return None
-    (model_id, revision), _ = counts.most_common(1)[0]
-    return {"id": model_id or "", "revision": revision or ""}
+    (model_id, revision, (commit, digest)), _ = counts.most_common(1)[0]
+    model = {"id": model_id or "", "revision": revision or ""}
+    if commit:
+        model["commit"] = commit
+    if digest:
+        model["weightsDigest"] = digest
+    return model
 
 
 @dataclass(frozen=True)

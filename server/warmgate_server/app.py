@@ -13,18 +13,20 @@ from concurrent.futures import ThreadPoolExecutor
 import aiohttp
 from aiohttp import web
 
-from warmgate_contract.report import DRAINING, LOADING, READY, WARMING
+from warmgate_contract.report import DOWNLOADING, DRAINING, LOADING, READY, WARMING
 from warmgate_contract.shapes import plan_warmup
 
 from .config import ServerConfig
 from .context import RUNTIME, WARMUP_HEADER, Runtime
 from .cpus import plan_threads
 from .engine import Engine, finish_vectors
+from .errors import ModelLoadError
 from .lifecycle import Lifecycle
-from .loading import LoadedModel, ModelLoadError, load_model
+from .loading import LoadedModel, load_model
 from .metrics import Metrics
 from .routes import add_routes, count_requests
 from .schemas import dumps, openai_response
+from .source import ModelSource, locate, needs_download
 from .warmup import SettleRule
 
 log = logging.getLogger(__name__)
@@ -107,7 +109,23 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
         loaded = preloaded
         if loaded is None:
             loop = asyncio.get_running_loop()
-            loaded = await loop.run_in_executor(runtime.model_threads[0], load_model, config)
+            source = await loop.run_in_executor(
+                runtime.model_threads[0], _locate, config, lifecycle, loop
+            )
+            if lifecycle.phase == DOWNLOADING:
+                lifecycle.enter(LOADING)
+            loaded = await loop.run_in_executor(
+                runtime.model_threads[0], load_model, config, source
+            )
+        lifecycle.commit = loaded.source.commit
+        lifecycle.weights_digest = loaded.source.digest
+        log.info(
+            "model %s: commit %s, weights %s, from %s",
+            config.model,
+            loaded.source.commit or "(a plain folder)",
+            loaded.source.digest,
+            loaded.source.folder,
+        )
         threads = plan_threads(config, loaded.device.type)
         lifecycle.workers, lifecycle.torch_threads = threads.workers, threads.threads
         for worker in range(len(runtime.model_threads), threads.workers):
@@ -157,6 +175,26 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
     except Exception as exc:
         log.exception("startup failed")
         lifecycle.fail(f"{type(exc).__name__}: {exc}")
+
+
+def _locate(config: ServerConfig, lifecycle: Lifecycle, loop) -> ModelSource:
+    """In the model thread: find the files, downloading them first when the cache lacks the
+    revision; the phase says `downloading` and the report counts the bytes meanwhile."""
+    if not needs_download(config.model, config.model_revision):
+        return locate(config.model, config.model_revision, download=False)
+
+    def begin() -> None:
+        if lifecycle.phase == LOADING:
+            lifecycle.enter(DOWNLOADING)
+
+    def progress(done: int, total: int) -> None:
+        loop.call_soon_threadsafe(
+            setattr, lifecycle, "download", {"done_bytes": done, "total_bytes": total}
+        )
+
+    loop.call_soon_threadsafe(begin)
+    log.info("downloading %s at %s", config.model, config.model_revision)
+    return locate(config.model, config.model_revision, progress)
 
 
 async def _warm_serving_path(engine: Engine) -> None:

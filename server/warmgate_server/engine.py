@@ -18,8 +18,9 @@ from warmgate_contract.shapes import Shape
 
 from . import modelconfig
 from .config import ServerConfig
+from .errors import ModelLoadError
 from .lifecycle import Lifecycle, WarmedShape
-from .loading import LoadedModel, ModelLoadError
+from .loading import LoadedModel
 from .metrics import Metrics
 from .runner import BatchResult, ModelRunner
 from .scheduler import Embedded, Scheduler, StageTimes

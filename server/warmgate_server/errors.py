@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class ModelLoadError(RuntimeError):
+    """The model cannot be found, downloaded or loaded; the message says what to change."""
+
+
 class InputTooLong(ValueError):
     """An input above the token limit, with truncation off (the runner raises it)."""
 

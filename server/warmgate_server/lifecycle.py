@@ -39,6 +39,11 @@ class Lifecycle:
     """torch threads per worker."""
     model_settings: dict[str, object] | None = None
     """Pooling, normalisation and prompts as chosen at load (modelconfig.ModelSettings)."""
+    commit: str | None = None
+    """The hub commit of the files loaded (None: a plain folder)."""
+    weights_digest: str | None = None
+    download: dict[str, int] | None = None
+    """Bytes done and in all while the model downloads (kept afterwards)."""
     phase: str = LOADING
     error: str | None = None
     warmed: dict[Shape, WarmedShape] = field(default_factory=dict)
@@ -93,4 +98,7 @@ class Lifecycle:
             workers=self.workers,
             torch_threads=self.torch_threads,
             model_settings=self.model_settings,
+            commit=self.commit,
+            weights_digest=self.weights_digest,
+            download=self.download,
         ).to_json()

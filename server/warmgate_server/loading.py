@@ -1,12 +1,11 @@
-"""Loading the model: find its folder (a local one, or a Hugging Face id in the local cache),
-pick the device and dtype, and load the tokenizer and the weights (straight into the packed
-forward pass for BERT-family models on a CPU, else transformers' AutoModel). Never downloads."""
+"""Loading the model: its folder (`source.locate`: a local one, or a Hugging Face id from the
+cache or downloaded), the device and dtype, the tokenizer and the weights (straight into the
+packed forward pass for BERT-family models on a CPU, else transformers' AutoModel)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,37 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from .config import ServerConfig
 from .cpus import plan_threads
+from .errors import ModelLoadError
+from .source import ModelSource, locate
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
-
-
-class ModelLoadError(RuntimeError):
-    """The model cannot be loaded; the message says what to change."""
-
-
-def resolve_model_path(model: str) -> Path:
-    """A local folder, or a Hugging Face id found in the local cache. Never downloads."""
-    folder = Path(model).expanduser()
-    if folder.is_dir():
-        if not (folder / "config.json").is_file():
-            raise ModelLoadError(f"--model {model}: the folder has no config.json (not a model)")
-        return folder.resolve()
-    if model.startswith(("/", ".", "~")) or model.count("/") > 1:
-        raise ModelLoadError(f"--model {model}: no such folder")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id=model, local_files_only=True))
-    except Exception as exc:
-        cache = os.environ.get("HF_HOME", "~/.cache/huggingface")
-        raise ModelLoadError(
-            f"--model {model}: not a local folder and not in the Hugging Face cache under "
-            f"{cache} ({type(exc).__name__}); this server never downloads: put the model in the "
-            "cache (HF_HOME) or pass --model /path/to/model-folder"
-        ) from None
 
 
 def _model_max_length(path: Path, positions: Any, tokenizer: Any) -> int:
@@ -64,6 +39,8 @@ class LoadedModel:
     """A model and tokenizer in memory, with the facts serving needs about them."""
 
     path: Path
+    source: ModelSource
+    """Where the files came from: the resolved commit and the weights' digest."""
     model: Any
     """The transformers model (None when the padding-free pass was loaded without it)."""
     tokenizer: Any
@@ -109,14 +86,17 @@ def _pick_dtype(requested: str, device: torch.device) -> torch.dtype:
     return getattr(torch, requested)
 
 
-def load_model(config: ServerConfig) -> LoadedModel:
-    """Resolve, load and place the model. Slow: call it in the model thread.
+def load_model(config: ServerConfig, source: ModelSource | None = None) -> LoadedModel:
+    """Load and place the model from `source` (located from the flags when not given, never
+    downloading then). Slow: call it in the model thread.
 
     With --packing auto or on, a BERT-family model on the CPU is loaded straight from its
     folder into the padding-free forward pass (transformers' modeling stack is never imported:
     seconds of CPU less per start); anything else goes through transformers' AutoModel.
     """
-    path = resolve_model_path(config.model)
+    if source is None:
+        source = locate(config.model, config.model_revision, download=False)
+    path = source.folder
     import torch
 
     device = _pick_device(config.device)
@@ -141,6 +121,7 @@ def load_model(config: ServerConfig) -> LoadedModel:
     cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else pad_id
     loaded = LoadedModel(
         path=path,
+        source=source,
         model=model,
         tokenizer=tokenizer,
         device=device,

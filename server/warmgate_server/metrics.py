@@ -13,10 +13,10 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from warmgate_contract.report import PHASES
 from warmgate_contract.shapes import Shape
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-PHASES = ("loading", "warming", "ready", "draining", "failed")
 
 _LATENCY_BUCKETS = (
     0.001,

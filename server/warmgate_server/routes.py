@@ -63,6 +63,9 @@ async def info(request: web.Request) -> web.Response:
         {
             "model_id": config.model,
             "model_revision": config.model_revision,
+            # text-embeddings-inference's name for the commit the weights are from.
+            "model_sha": runtime.lifecycle.commit,
+            "weights_digest": runtime.lifecycle.weights_digest,
             "served_model_name": config.effective_served_name,
             "version": __version__,
             "phase": runtime.lifecycle.phase,

@@ -18,10 +18,10 @@ import pytest
 import yaml
 from support.chart import (
     CHART,
-    DEVCLUSTER_VALUES,
     ROOT,
     UNMAPPED_IMAGE,
     condition,
+    devcluster_values,
     get_json,
     helm,
     log_messages,
@@ -64,7 +64,7 @@ def release(devcluster: Any) -> Iterator[Release]:
     devcluster.kubectl("create", "namespace", namespace)
     helm(
         devcluster, "install", name, str(CHART), "--namespace", namespace,
-        *DEVCLUSTER_VALUES, "--set", "resyncSeconds=5", "--wait", "--timeout=3m",
+        *devcluster_values(devcluster), "--set", "resyncSeconds=5", "--wait", "--timeout=3m",
     )  # fmt: skip
     try:
         yield Release(name, namespace, f"{name}-warmgate")
@@ -206,7 +206,7 @@ def test_watching_one_namespace_runs_on_a_role_there_and_nothing_more(
     try:
         helm(
             devcluster, "install", name, str(CHART), "--namespace", namespace,
-            *DEVCLUSTER_VALUES, "--set", f"watchNamespaces={{{namespace}}}",
+            *devcluster_values(devcluster), "--set", f"watchNamespaces={{{namespace}}}",
             "--wait", "--timeout=3m",
         )  # fmt: skip
         (deployment,) = get_json(

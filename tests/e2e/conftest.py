@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from support.load import reference_vectors  # noqa: F401 - a fixture for the e2e tests
 
 from warmgate_devcluster.testkit import Kube, NamespacedOperator, install_crd
 

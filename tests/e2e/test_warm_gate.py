@@ -9,41 +9,27 @@ import signal
 import time
 
 import pytest
+from support.load import service_load, summary, wait_for_traffic, weights_of
 
-from warmgate_devcluster.loadgen import ConstantRateLoad, Sample
 from warmgate_devcluster.testkit import (
     condition,
     embedding_service,
-    service_url,
     wait_ready,
     wait_until,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-RATE = 20.0
-
-
-def summary(samples: list[Sample], limit: int = 8) -> str:
-    shown = [f"t={s.started:.1f}s status={s.status} pod={s.pod} error={s.error}" for s in samples]
-    return f"{len(samples)} requests: " + "; ".join(shown[:limit])
-
-
-def service_load(kube, name: str) -> ConstantRateLoad:
-    """20 requests a second through the Service, from this machine."""
-    return ConstantRateLoad(service_url(kube, name), rate=RATE, networks=kube.devcluster.networks)
-
-
-def wait_for_traffic(load: ConstantRateLoad, count: int, timeout: float = 60) -> None:
-    target = len(load.report.samples) + count
-    wait_until(lambda: len(load.report.samples) >= target, timeout, f"{count} more responses")
-
 
 def pod_condition(pod: dict, kind: str) -> dict:
     return condition(pod, kind)
 
 
-def test_model_reload_under_load_drops_nothing_and_serves_nothing_cold(kube, operator):
+def test_model_reload_under_load_drops_nothing_and_serves_nothing_cold(
+    kube, operator, reference_vectors
+):
+    """v1 and v2 are two revisions on the devcluster's hub with different weights: after the
+    reload every answer comes from v2's weights."""
     kube.apply(embedding_service("reload", "v1"))
     wait_ready(kube, "reload", "v1", replicas=2)
 
@@ -60,6 +46,12 @@ def test_model_reload_under_load_drops_nothing_and_serves_nothing_cold(kube, ope
     last = sorted(report.samples, key=lambda s: s.started)[-20:]
     assert {sample.revision for sample in last} == {"v2"}
     assert emb["status"]["model"]["revision"] == "v2"
+    # The weights changed with the revision: each answer is the vector of the weights its
+    # revision names, and the last ones are all v2's.
+    for sample in report.samples:
+        assert weights_of(sample.vector, reference_vectors) == sample.revision, sample
+    assert {weights_of(sample.vector, reference_vectors) for sample in last} == {"v2"}
+    assert emb["status"]["model"]["commit"] == kube.devcluster.hub_revisions["v2"]
 
     # Each new pod was let in by the operator's verification, not by its probe alone.
     live = [p for p in kube.pods("reload") if not p["metadata"].get("deletionTimestamp")]

@@ -494,3 +494,68 @@ def test_the_gpu_example_selects_and_tolerates_the_gpu_node_pool() -> None:
         "tolerations"
     ]
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] in (1, "1")
+
+
+def env_of(server: dict[str, Any]) -> dict[str, Any]:
+    return {item["name"]: item.get("value", item.get("valueFrom")) for item in server["env"]}
+
+
+def test_each_model_source_gives_the_server_its_files():
+    """Hub (the default) downloads into the pod's cache; a hub cache claim is shared; the
+    other sources are read offline from a claim, an image volume or the image itself."""
+    hub = children().deployment
+    server, pod = container(hub), hub["spec"]["template"]["spec"]
+    assert "--model=sentence-transformers/all-MiniLM-L6-v2" in server["args"]
+    env = env_of(server)
+    assert env["HF_HUB_OFFLINE"] == "0" and env["HF_HOME"] == builders.HF_CACHE_DIR
+    assert "HF_ENDPOINT" not in env and "HF_TOKEN" not in env
+    assert [v["name"] for v in pod["volumes"]] == ["tmp", "cache", "warmup-profile"]
+
+    private = {
+        "hub": {
+            "endpoint": "https://hf-mirror.internal",
+            "tokenSecret": {"name": "hf"},
+            "cacheClaimName": "hf-cache",
+        }
+    }
+    deployment = children(**{"model.source": private}).deployment
+    server, pod = container(deployment), deployment["spec"]["template"]["spec"]
+    env = env_of(server)
+    assert env["HF_ENDPOINT"] == "https://hf-mirror.internal"
+    assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+    assert env["HF_HOME"] == builders.HF_CLAIM_DIR
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "hf-cache"}} in pod["volumes"]
+
+    # The operator's --hub-endpoint stands in when the spec names none.
+    spec = parse_spec(example_spec())
+    mirrored = build_children(spec, OWNER, "img", hub_endpoint="http://10.200.1.1:8000")
+    assert env_of(container(mirrored.deployment))["HF_ENDPOINT"] == "http://10.200.1.1:8000"
+
+    image = {"image": {"reference": "registry.example.com/models/minilm:1", "path": "minilm"}}
+    deployment = children(**{"model.source": image}).deployment
+    server, pod = container(deployment), deployment["spec"]["template"]["spec"]
+    assert f"--model={builders.MODELS_DIR}/minilm" in server["args"]
+    # A folder is still called by the model's id.
+    assert "--served-model-name=sentence-transformers/all-MiniLM-L6-v2" in server["args"]
+    assert env_of(server)["HF_HUB_OFFLINE"] == "1"
+    volume = {"reference": "registry.example.com/models/minilm:1", "pullPolicy": "IfNotPresent"}
+    assert {"name": "model", "image": volume} in pod["volumes"]
+    assert {"name": "model", "mountPath": builders.MODELS_DIR, "readOnly": True} in server[
+        "volumeMounts"
+    ]
+
+    cache_claim = {"volume": {"claimName": "models", "path": "hf", "layout": "hubCache"}}
+    server = container(children(**{"model.source": cache_claim}).deployment)
+    assert "--model=sentence-transformers/all-MiniLM-L6-v2" in server["args"]
+    assert env_of(server)["HF_HOME"] == f"{builders.MODELS_DIR}/hf"
+    assert env_of(server)["HF_HUB_OFFLINE"] == "1"
+
+    # The older spelling still works, as a folder on the claim.
+    old = container(children(**{"model.volume": {"claimName": "models", "path": "m"}}).deployment)
+    assert f"--model={builders.MODELS_DIR}/m" in old["args"]
+
+    baked = container(children(**{"model.source": {"baked": {}}}).deployment)
+    assert "--model=sentence-transformers/all-MiniLM-L6-v2" in baked["args"]
+    assert env_of(baked)["HF_HUB_OFFLINE"] == "1" and "HF_HOME" not in env_of(baked)
+    baked = container(children(**{"model.source": {"baked": {"path": "/models/m"}}}).deployment)
+    assert "--model=/models/m" in baked["args"]

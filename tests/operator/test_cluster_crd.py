@@ -88,6 +88,34 @@ CORPUS: list[tuple[str, Callable[[dict], None], list[str]]] = [
         ["spec.probes.startupTimeoutSeconds", "must be >= probes.periodSeconds"],
     ),
     (
+        "two model sources",
+        _set("spec.model.source", {"hub": {}, "image": {"reference": "models/minilm:1"}}),
+        ["spec.model.source", "one of hub, volume, image or baked"],
+    ),
+    (
+        "offline hub without a cache claim",
+        _set("spec.model.source", {"hub": {"offline": True}}),
+        ["spec.model.source.hub", "needs hub.cacheClaimName"],
+    ),
+    (
+        "hub endpoint that is not a URL",
+        _set("spec.model.source", {"hub": {"endpoint": "hf-mirror.internal"}}),
+        ["spec.model.source.hub.endpoint", "should match"],
+    ),
+    (
+        "model image without a reference",
+        _set("spec.model.source", {"image": {"path": "minilm"}}),
+        ["spec.model.source.image.reference", "Required value"],
+    ),
+    (
+        "old and new volume spellings at once",
+        _all(
+            _set("spec.model.volume", {"claimName": "a"}),
+            _set("spec.model.source", {"volume": {"claimName": "b"}}),
+        ),
+        ["spec.model", "set one, not both"],
+    ),
+    (
         "unknown pooling",
         _set("spec.model.pooling", "max"),
         ["spec.model.pooling", 'Unsupported value: "max"'],

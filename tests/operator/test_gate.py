@@ -212,3 +212,54 @@ def test_evaluate_does_not_mutate_the_report():
     before = copy.deepcopy(report)
     gate.evaluate_report(report, gate.expectation_for(make_pod()))
     assert report == before
+
+
+COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
+DIGEST_A, DIGEST_B = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+
+
+def loaded(commit, digest):
+    model = {"id": "sentence-transformers/all-MiniLM-L6-v2", "revision": "v2"}
+    return make_report(model={**model, "commit": commit, "weights_digest": digest})
+
+
+def test_the_files_a_pod_loaded_are_recorded_in_its_condition_and_read_back():
+    expected = gate.expectation_for(make_pod())
+    for commit in (COMMIT_A, None):  # a hub commit, or a plain folder
+        verdict = gate.evaluate_report(loaded(commit, DIGEST_A), expected)
+        assert verdict.passed and verdict.identity == (commit, DIGEST_A)
+        # What the gatekeeper writes after a timed verification request, with the restarts.
+        verdict = gate.Verdict(True, verdict.reason, verdict.message + "; verification 3.0 ms")
+        condition = gate.desired_condition(verdict, 2, None, "2026-11-30T10:00:00Z")
+        assert gate.loaded_identity(make_pod(conditions=[condition])) == (commit, DIGEST_A)
+    # A pod not verified has recorded nothing.
+    shut = gate.desired_condition(
+        gate.Verdict(False, names.REASON_NOT_READY, "loaded commit=x weights=sha256:1"),
+        0,
+        None,
+        "2026-11-30T10:00:00Z",
+    )
+    assert gate.loaded_identity(make_pod(conditions=[shut])) is None
+
+
+def test_a_pod_that_loaded_other_files_than_its_template_siblings_stays_out():
+    expected = gate.expectation_for(make_pod())
+    same = gate.evaluate_report(loaded(COMMIT_A, DIGEST_A), expected)
+    assert gate.check_same_files(same, (COMMIT_A, DIGEST_A), "minilm-1").passed
+    # The same revision name, other weights (a moved branch): refused for good, and told why.
+    for commit, digest in ((COMMIT_B, DIGEST_B), (COMMIT_A, DIGEST_B)):
+        other = gate.evaluate_report(loaded(commit, digest), expected)
+        verdict = gate.check_same_files(other, (COMMIT_A, DIGEST_A), "minilm-1")
+        assert not verdict.passed and not verdict.retryable
+        assert verdict.reason == names.REASON_MODEL_MISMATCH
+        assert "minilm-1" in verdict.message and COMMIT_A in verdict.message
+        assert "pin spec.model.revision to a commit" in verdict.message
+    # The first pod of a template has nothing to agree with.
+    assert gate.check_same_files(same, None, "").passed
+
+
+def test_pods_of_one_template_are_those_of_one_replicaset():
+    pod = make_pod()
+    pod["metadata"]["labels"] = {"pod-template-hash": "7f9c"}
+    assert gate.template_key(pod) == ("ns", "7f9c")
+    assert gate.template_key(make_pod()) is None

@@ -112,3 +112,20 @@ def test_a_spec_is_parsed_once_and_again_when_it_changes() -> None:
         specs.of(bad)
     specs.forget("u1")
     assert specs.of(body) is not first
+
+
+@pytest.mark.parametrize(
+    ("source", "words"),
+    [
+        ({"hub": {}, "baked": {}}, "takes one of hub, volume, image, baked"),
+        ({"hub": {"offline": True}}, "offline needs"),
+        ({"image": {"path": "m"}}, "reference is required"),
+        ({"volume": {"claimName": "c", "layout": "zip"}}, "layout must be one of"),
+    ],
+)
+def test_a_model_source_the_builders_cannot_use_is_refused(source, words):
+    with pytest.raises(SpecError, match=words):
+        parse_spec({"model": {"id": "m", "source": source}})
+    old_and_new = {"id": "m", "volume": {"claimName": "a"}, "source": {"hub": {}}}
+    with pytest.raises(SpecError, match="older spelling"):
+        parse_spec({"model": old_and_new})

@@ -144,7 +144,8 @@ def test_sigterm_while_loading_exits_zero(minilm_dir: Path) -> None:
 def test_model_id_resolves_from_the_offline_hugging_face_cache(
     minilm_dir: Path, tmp_path: Path
 ) -> None:
-    """`--model org/name` finds the snapshot that refs/main names under $HF_HOME/hub."""
+    """`--model org/name` finds the snapshot that refs/main names under $HF_HOME/hub, offline,
+    and names its commit."""
     repo = tmp_path / "hub" / "models--sentence-transformers--all-MiniLM-L6-v2"
     snapshot = repo / "snapshots" / "0123456789abcdef"
     snapshot.mkdir(parents=True)
@@ -153,8 +154,9 @@ def test_model_id_resolves_from_the_offline_hugging_face_cache(
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0123456789abcdef")
     script = (
-        "from warmgate_server.loading import resolve_model_path; "
-        "print(resolve_model_path('sentence-transformers/all-MiniLM-L6-v2'))"
+        "from warmgate_server.source import locate; "
+        "s = locate('sentence-transformers/all-MiniLM-L6-v2', 'main'); "
+        "print(s.folder); print(s.commit)"
     )
     result = subprocess.run(
         [sys.executable, "-c", script],
@@ -169,4 +171,5 @@ def test_model_id_resolves_from_the_offline_hugging_face_cache(
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert Path(result.stdout.strip()) == snapshot
+    folder, commit = result.stdout.split()
+    assert Path(folder) == snapshot and commit == "0123456789abcdef"

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from warmgate_devcluster.images import OPERATOR, SERVER_MINILM
+from warmgate_devcluster.images import OPERATOR, SERVER
 from warmgate_devcluster.testkit import (  # noqa: F401 - re-exported
     UNMAPPED_IMAGE,
     condition,
@@ -20,13 +20,17 @@ from warmgate_devcluster.testkit import (  # noqa: F401 - re-exported
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "warmgate"
-# The devcluster's node holds the images the chart names, imported, never pulled; the server
-# image it runs has the model baked in (pods cannot download one here).
-DEVCLUSTER_VALUES = (
-    "--set", f"image.repository={OPERATOR.name.rpartition(':')[0]}",
-    "--set", "image.pullPolicy=Never",
-    "--set", f"serverImage={SERVER_MINILM.name}",
-)  # fmt: skip
+
+
+def devcluster_values(cluster: Any) -> tuple[str, ...]:
+    """The devcluster's node holds the images the chart names, imported, never pulled; its
+    server pods download their model from the devcluster's hub."""
+    return (
+        "--set", f"image.repository={OPERATOR.name.rpartition(':')[0]}",
+        "--set", "image.pullPolicy=Never",
+        "--set", f"serverImage={SERVER.name}",
+        "--set", f"hubEndpoint={cluster.hub_endpoint}",
+    )  # fmt: skip
 
 
 def helm(cluster: Any, *args: str, check: bool = True) -> subprocess.CompletedProcess:
