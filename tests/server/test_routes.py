@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from warmgate_server.context import RUNTIME
-from warmgate_server.testing import wait_for_phase
+from warmgate_server.source import weights_digest
+from warmgate_server.testing import minilm_path, wait_for_phase
 
 LONG_TEXT = "the quick brown fox jumps over the lazy dog " * 20  # about 180 tokens
 
@@ -29,7 +30,7 @@ async def test_probes_and_reports_while_warming_then_ready(start_server) -> None
     assert set(report) == {
         "phase", "ready", "model", "device", "dtype", "workers", "torch_threads",
         "planned_shapes", "warmed_shapes", "progress", "warmup_seconds", "error", "started_at",
-        "pid", "model_settings",
+        "pid", "model_settings", "download",
     }  # fmt: skip
     # The model folder's own sentence-transformers files chose the pooling and normalisation.
     assert report["model_settings"]["pooling"] == "mean"
@@ -39,11 +40,15 @@ async def test_probes_and_reports_while_warming_then_ready(start_server) -> None
         "normalize": "modules.json",
     }
     assert report["ready"] is True and report["error"] is None
+    # A folder: no hub commit, and the digest of the weights it holds.
     assert report["model"] == {
         "id": report["model"]["id"],
         "revision": "main",
         "served_name": "all-MiniLM-L6-v2",
+        "commit": None,
+        "weights_digest": weights_digest(minilm_path()),
     }
+    assert report["download"] is None
     assert (report["device"], report["dtype"]) == ("cpu", "float32")
     assert report["workers"] >= 1 and report["torch_threads"] >= 1
     planned = [(s["batch_size"], s["seq_len"]) for s in report["planned_shapes"]]
