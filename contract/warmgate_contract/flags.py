@@ -67,8 +67,20 @@ class Flag:
 
 
 FLAGS: tuple[Flag, ...] = (
-    Flag("--model", "model", str, None, "local model folder or Hugging Face id (offline cache)"),
-    Flag("--model-revision", "model_revision", str, "main", "revision label reported to clients"),
+    Flag(
+        "--model",
+        "model",
+        str,
+        None,
+        "local model folder, or Hugging Face id (from HF_HOME's cache, else downloaded)",
+    ),
+    Flag(
+        "--model-revision",
+        "model_revision",
+        str,
+        "main",
+        "branch, tag or commit of a hub id (for a folder, a label reported to clients)",
+    ),
     Flag("--served-model-name", "served_model_name", str, "", "model name clients send"),
     Flag("--host", "host", str, "0.0.0.0", "bind address"),
     Flag("--port", "port", int, 8080, "bind port (0: any free port)"),
@@ -89,7 +101,22 @@ FLAGS: tuple[Flag, ...] = (
         "L2-normalise embeddings (default: the model folder's own, else yes)",
     ),
     Flag("--max-input-length", "max_input_length", int, None, "max tokens per input"),
-    Flag("--max-batch-size", "max_batch_size", int, 32, "max inputs per batch and per request"),
+    Flag("--max-batch-size", "max_batch_size", int, 32, "max inputs per batch"),
+    Flag(
+        "--max-client-batch-size",
+        "max_client_batch_size",
+        int,
+        2048,
+        "max inputs per request (split across batches; OpenAI's limit is 2048)",
+    ),
+    Flag(
+        "--auto-truncate",
+        "auto_truncate",
+        parse_bool,
+        False,
+        "truncate inputs above the token limit instead of refusing them (a request's "
+        "`truncate` field wins on the TEI routes)",
+    ),
     Flag("--max-batch-tokens", "max_batch_tokens", int, 16384, "max padded tokens per batch"),
     Flag("--max-wait-ms", "max_wait_ms", float, 2.0, "max wait for a fuller batch"),
     Flag("--max-concurrent-requests", "max_concurrent_requests", int, 512, "429 above this many"),

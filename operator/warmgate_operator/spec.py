@@ -89,6 +89,7 @@ class ModelSpec:
     pooling: str | None = None
     normalize: bool | None = None
     max_input_length: int | None = None
+    auto_truncate: bool = False
     source: ModelSource = field(default_factory=ModelSource)
 
 
@@ -103,6 +104,7 @@ class BatchingSpec:
     max_batch_size: int = 32
     max_batch_tokens: int = 16384
     max_wait_milliseconds: int = 2
+    max_client_batch_size: int = 2048
     max_concurrent_requests: int = 512
     payload_limit_bytes: int = 2_000_000
     pad_batch: bool = True
@@ -347,6 +349,7 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         pooling=_get(model_raw, "pooling", None),
         normalize=_optional_bool(_get(model_raw, "normalize", None)),
         max_input_length=_int(model_raw, "maxInputLength", None, "spec.model"),
+        auto_truncate=bool(_get(model_raw, "autoTruncate", False)),
         source=source,
     )
 
@@ -362,6 +365,9 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         max_batch_tokens=_int(b, "maxBatchTokens", d.max_batch_tokens, "spec.batching"),
         max_wait_milliseconds=_int(
             b, "maxWaitMilliseconds", d.max_wait_milliseconds, "spec.batching"
+        ),
+        max_client_batch_size=_int(
+            b, "maxClientBatchSize", d.max_client_batch_size, "spec.batching"
         ),
         max_concurrent_requests=_int(
             b, "maxConcurrentRequests", d.max_concurrent_requests, "spec.batching"

@@ -52,7 +52,13 @@ class ServerConfig:
     max_input_length: int | None = DEFAULTS["max_input_length"]
     """Tokens per input, special tokens included (None: the model's, up to the largest bucket)."""
     max_batch_size: int = DEFAULTS["max_batch_size"]
-    """Inputs per forward pass, and the most inputs one request may carry."""
+    """Inputs per forward pass."""
+    max_client_batch_size: int = DEFAULTS["max_client_batch_size"]
+    """The most inputs one request may carry (TEI's name); more than a batch holds are split
+    across batches and answered in order."""
+    auto_truncate: bool = DEFAULTS["auto_truncate"]
+    """Truncate inputs above the token limit (default: refuse them with a 4xx, as OpenAI does);
+    TEI's per-request `truncate` wins."""
     max_batch_tokens: int = DEFAULTS["max_batch_tokens"]
     """Padded tokens (batch size x bucket) per forward pass; warmup never exceeds it either."""
     max_wait_ms: float = DEFAULTS["max_wait_ms"]
@@ -171,6 +177,8 @@ def validate(config: ServerConfig) -> None:
         )
     if config.max_batch_size < 1:
         problems.append("--max-batch-size must be at least 1")
+    if config.max_client_batch_size < 1:
+        problems.append("--max-client-batch-size must be at least 1")
     sizes = config.warmup_batch_sizes
     if not sizes or min(sizes) < 1 or not _ascending(sizes):
         problems.append(

@@ -97,7 +97,10 @@ class Engine:
             execute=self._execute,
             metrics=metrics,
             max_wait_s=config.max_wait_ms / 1000.0,
-            max_queued_inputs=config.max_concurrent_requests * config.max_batch_size,
+            max_queued_inputs=max(
+                config.max_concurrent_requests * config.max_batch_size,
+                2 * config.max_client_batch_size,
+            ),
             workers=len(self._model_threads),
             more_coming=lambda: self._tokenizing > 0,
         )
@@ -137,7 +140,7 @@ class Engine:
 
     async def embed(
         self,
-        texts: Sequence[str],
+        texts: Sequence[str | Sequence[int]],
         truncate: bool = False,
         truncate_left: bool = False,
         record: bool = True,

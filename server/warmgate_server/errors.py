@@ -43,7 +43,13 @@ class ApiError(Exception):
         return self.message
 
     def tei_body(self) -> dict[str, object]:
-        return {"error": self.message, "error_type": self.error_type}
+        # TEI's ErrorType names: Validation, Empty, Tokenizer, Overloaded, Unhealthy, Backend.
+        return {"error": self.message, "error_type": self.error_type.capitalize()}
+
+    @property
+    def openai_status(self) -> int:
+        """OpenAI answers a request it cannot take with 400 (TEI: 422 for validation)."""
+        return 400 if self.status == 422 else self.status
 
     def openai_body(self) -> dict[str, object]:
         if self.status >= 500 and self.status != 503:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -17,7 +18,20 @@ from .context import RUNTIME, Runtime
 from .engine import finish_vectors
 from .errors import ApiError, InputTooLong, QueueFull, validation
 from .metrics import CONTENT_TYPE
-from .schemas import EmbedRequest, Limits, dumps, openai_response, parse_openai, parse_tei
+from .schemas import (
+    EmbedRequest,
+    Limits,
+    check_unicode,
+    dumps,
+    openai_response,
+    parse_flag,
+    parse_id_lists,
+    parse_object,
+    parse_openai,
+    parse_strings,
+    parse_tei,
+    refuse_prompt_name,
+)
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -76,7 +90,19 @@ async def info(request: web.Request) -> web.Response:
             "model_settings": engine.settings.as_json() if engine else None,
             "hidden_size": engine.hidden_size if engine else None,
             "max_input_length": engine.max_input_length if engine else None,
-            "max_client_batch_size": config.max_batch_size,
+            "max_client_batch_size": config.max_client_batch_size,
+            "auto_truncate": config.auto_truncate,
+            # text-embeddings-inference's own names for what is reported above.
+            "model_dtype": runtime.lifecycle.dtype,
+            "model_type": {
+                "embedding": {
+                    "pooling": engine.settings.pooling if engine else config.pooling or "mean"
+                }
+            },
+            "max_batch_requests": config.max_batch_size,
+            "tokenization_workers": 1,
+            "sha": None,
+            "docker_label": None,
             "max_batch_tokens": config.max_batch_tokens,
             "max_concurrent_requests": config.max_concurrent_requests,
             "sequence_buckets": list(config.sequence_buckets),
@@ -132,16 +158,21 @@ async def _read_json(request: web.Request, limit: int) -> object:
     except (ValueError, UnicodeDecodeError) as exc:
         message = f"the body is not valid JSON: {exc}"
         raise ApiError(400, message, "validation", "invalid_json") from None
+    except RecursionError:
+        message = "the body nests JSON too deeply to read: send a flat object"
+        raise ApiError(400, message, "validation", "invalid_json") from None
 
 
 def _limits(runtime: Runtime) -> Limits:
     config = runtime.config
     assert runtime.engine is not None
     return Limits(
-        max_inputs=config.max_batch_size,
+        max_inputs=config.max_client_batch_size,
         hidden_size=runtime.engine.hidden_size,
         model_names={config.effective_served_name, config.model},
         default_normalize=runtime.engine.settings.normalize,
+        vocab_size=runtime.engine.runner.vocab_size,
+        auto_truncate=config.auto_truncate,
     )
 
 
@@ -150,6 +181,7 @@ async def _embed(
     parse: Callable[[object, Limits], EmbedRequest],
     render: Callable[[Runtime, EmbedRequest, object], object],
     error_body: Callable[[ApiError], dict[str, object]],
+    status_of: Callable[[ApiError], int] = lambda err: err.status,
 ) -> web.Response:
     runtime = request.app[RUNTIME]
     started = time.perf_counter()
@@ -162,7 +194,7 @@ async def _embed(
     try:
         engine = runtime.admit(warmup)
     except ApiError as err:
-        return web.json_response(error_body(err), status=err.status, headers=headers)
+        return web.json_response(error_body(err), status=status_of(err), headers=headers)
     try:
         parsed = parse(await _read_json(request, runtime.config.payload_limit), _limits(runtime))
         try:
@@ -172,7 +204,9 @@ async def _embed(
         except InputTooLong as exc:
             raise validation(
                 f"input {exc.index} has {exc.length} tokens, above the limit of {exc.limit}: "
-                "shorten it" + (" or send truncate=true" if parse is parse_tei else ""),
+                "shorten it"
+                + (" or send truncate=true" if parse is parse_tei else "")
+                + " (the server truncates instead with --auto-truncate)",
                 "input_too_long",
             ) from None
         except QueueFull:
@@ -191,7 +225,7 @@ async def _embed(
         headers["Server-Timing"] = result.timing.server_timing(seconds)
         return web.Response(body=encoded, content_type="application/json", headers=headers)
     except ApiError as err:
-        return web.json_response(error_body(err), status=err.status, headers=headers)
+        return web.json_response(error_body(err), status=status_of(err), headers=headers)
     except Exception as exc:
         log.exception("embedding request failed")
         err = ApiError(500, f"internal error: {type(exc).__name__}", "backend", "internal_error")
@@ -213,11 +247,128 @@ def _render_tei(runtime: Runtime, parsed: EmbedRequest, result: object) -> objec
 
 
 async def openai_embeddings(request: web.Request) -> web.Response:
-    return await _embed(request, parse_openai, _render_openai, ApiError.openai_body)
+    return await _embed(
+        request,
+        parse_openai,
+        _render_openai,
+        ApiError.openai_body,
+        lambda err: err.openai_status,
+    )
 
 
 async def tei_embed(request: web.Request) -> web.Response:
     return await _embed(request, parse_tei, _render_tei, ApiError.tei_body)
+
+
+# ------------------------------------------------------------------ text-embeddings-inference
+def _tei_error(err: ApiError) -> web.Response:
+    return web.json_response(err.tei_body(), status=err.status)
+
+
+def _tokenizer_engine(runtime: Runtime):
+    """The engine, for the routes that need only its tokenizer; 503 before it is loaded."""
+    if runtime.engine is None:
+        raise ApiError(503, "the model is not loaded yet", "unhealthy", "not_ready")
+    return runtime.engine
+
+
+async def tei_health(request: web.Request) -> web.Response:
+    """TEI's /health (and / and /ping): 200 with no body while the model serves, else 503."""
+    lifecycle = request.app[RUNTIME].lifecycle
+    if lifecycle.accepts_embeddings:
+        return web.Response(status=200)
+    return _tei_error(ApiError(503, "unhealthy", "unhealthy", "not_ready"))
+
+
+async def tei_tokenize(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    try:
+        engine = _tokenizer_engine(runtime)
+        fields = parse_object(await _read_json(request, runtime.config.payload_limit))
+        texts = parse_strings(fields.get("inputs"), "inputs", runtime.config.max_client_batch_size)
+        add_special = parse_flag(fields.get("add_special_tokens"), "add_special_tokens", True)
+        refuse_prompt_name(fields)
+        loop = asyncio.get_running_loop()
+        tokens = await loop.run_in_executor(
+            runtime.tokenizer_thread, engine.runner.tokens, texts, add_special
+        )
+        return web.json_response(tokens)
+    except ApiError as err:
+        return _tei_error(err)
+
+
+async def tei_decode(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    try:
+        engine = _tokenizer_engine(runtime)
+        fields = parse_object(await _read_json(request, runtime.config.payload_limit))
+        ids = parse_id_lists(
+            fields.get("ids"), "ids", engine.runner.vocab_size, runtime.config.max_client_batch_size
+        )
+        skip = parse_flag(fields.get("skip_special_tokens"), "skip_special_tokens", True)
+        loop = asyncio.get_running_loop()
+        decode = engine.runner.decode
+        texts = await loop.run_in_executor(runtime.tokenizer_thread, decode, ids, skip)
+        return web.json_response(texts)
+    except ApiError as err:
+        return _tei_error(err)
+
+
+def _parse_similarity(body: object, limits: Limits) -> EmbedRequest:
+    fields = parse_object(body)
+    given = fields.get("inputs")
+    if not isinstance(given, dict):
+        raise validation(
+            "`inputs` must be an object with `source_sentence` (a string) and `sentences` "
+            "(a list of strings)",
+            "invalid_type",
+            "inputs",
+        )
+    source = given.get("source_sentence")
+    sentences = given.get("sentences")
+    if not isinstance(source, str) or not source:
+        raise validation("`inputs.source_sentence` must be a non-empty string", "invalid_type")
+    check_unicode(source, "inputs.source_sentence")
+    texts = parse_strings(sentences, "inputs.sentences", limits.max_inputs - 1)
+    parameters = fields.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise validation("`parameters` must be an object", "invalid_type", "parameters")
+    options = parse_tei({"inputs": texts, **parameters}, limits)
+    return EmbedRequest(
+        texts=[source, *texts],
+        normalize=True,
+        truncate=options.truncate,
+        truncate_left=options.truncate_left,
+    )
+
+
+def _render_similarity(runtime: Runtime, parsed: EmbedRequest, result: object) -> object:
+    vectors, _ = result  # type: ignore[misc]
+    return [float(value) for value in vectors[1:] @ vectors[0]]
+
+
+async def tei_similarity(request: web.Request) -> web.Response:
+    return await _embed(request, _parse_similarity, _render_similarity, ApiError.tei_body)
+
+
+async def tei_root(request: web.Request) -> web.Response:
+    """POST / and /invocations: embed, or sentence similarity when `inputs` is an object with
+    `source_sentence` (huggingface_hub's InferenceClient posts both tasks to the URL itself)."""
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError, RecursionError, web.HTTPRequestEntityTooLarge):
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("inputs"), dict):
+        return await tei_similarity(request)
+    return await tei_embed(request)
+
+
+def _not_this_kind(kind: str) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        message = f"model is not a {kind} model: this server embeds text (/embed, /v1/embeddings)"
+        return _tei_error(ApiError(424, message, "backend", "wrong_model_type"))
+
+    return handler
 
 
 def add_routes(app: web.Application) -> None:
@@ -228,4 +379,19 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/warmup/profile", warmup_profile)
     app.router.add_post("/v1/embeddings", openai_embeddings)
+    app.router.add_post("/embeddings", openai_embeddings)  # TEI's alias of the OpenAI route
     app.router.add_post("/embed", tei_embed)
+    # text-embeddings-inference's other entry points, as its router serves them for an
+    # embedding model: health, the SageMaker/Vertex-style root and /invocations, tokenizer
+    # routes and sentence similarity; the ones for other kinds of model answer 424 as TEI does.
+    app.router.add_get("/health", tei_health)
+    app.router.add_get("/ping", tei_health)
+    app.router.add_get("/", tei_health)
+    app.router.add_post("/", tei_root)
+    app.router.add_post("/invocations", tei_root)
+    app.router.add_post("/tokenize", tei_tokenize)
+    app.router.add_post("/decode", tei_decode)
+    app.router.add_post("/similarity", tei_similarity)
+    app.router.add_post("/embed_sparse", _not_this_kind("SPLADE (sparse embedding)"))
+    app.router.add_post("/rerank", _not_this_kind("re-ranker"))
+    app.router.add_post("/predict", _not_this_kind("classifier"))

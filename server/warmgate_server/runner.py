@@ -77,24 +77,34 @@ class ModelRunner:
 
     def tokenize(
         self,
-        texts: Sequence[str],
+        texts: Sequence[str | Sequence[int]],
         truncate: bool = False,
         truncate_left: bool = False,
         max_length: int | None = None,
     ) -> list[list[int]]:
         """Token ids with special tokens, unpadded. Raises InputTooLong unless truncating.
 
-        Truncation keeps the model's special tokens and cuts the text between them, on the
-        right (end of the text) or the left (start of the text).
+        An input given as token ids is taken as it is (the model's own ids, no special tokens
+        added, no prompt), as text-embeddings-inference does. Truncation keeps the model's
+        special tokens and cuts the text between them, on the right (end of the text) or the
+        left (start of the text).
         """
         limit = max_length or self.max_input_length
+        strings = [text for text in texts if isinstance(text, str)]
         if self.prompt:
-            texts = [self.prompt + text for text in texts]
-        encoded = self.loaded.tokenizer(list(texts), return_special_tokens_mask=True, verbose=False)
+            strings = [self.prompt + text for text in strings]
+        encoded = (
+            self.loaded.tokenizer(strings, return_special_tokens_mask=True, verbose=False)
+            if strings
+            else {"input_ids": [], "special_tokens_mask": []}
+        )
+        pairs = iter(zip(encoded["input_ids"], encoded["special_tokens_mask"], strict=True))
         result = []
-        for index, (ids, special) in enumerate(
-            zip(encoded["input_ids"], encoded["special_tokens_mask"], strict=True)
-        ):
+        for index, item in enumerate(texts):
+            if isinstance(item, str):
+                ids, special = next(pairs)
+            else:
+                ids, special = list(item), [0] * len(item)
             if len(ids) > limit:
                 if not truncate:
                     raise InputTooLong(index, len(ids), limit)
@@ -106,6 +116,60 @@ class ModelRunner:
                 ids = ids[:head] + content + ids[len(ids) - tail :]
             result.append(ids)
         return result
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.loaded.tokenizer)
+
+    def tokens(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[dict]]:
+        """Each text's tokens as text-embeddings-inference's /tokenize lists them: id, text,
+        special, and the UTF-8 byte span of the text it came from (none for special tokens)."""
+        tokenizer = self.loaded.tokenizer
+        if self.prompt:
+            texts = [self.prompt + text for text in texts]
+        encoded = tokenizer(
+            list(texts),
+            add_special_tokens=add_special_tokens,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+            verbose=False,
+        )
+        result = []
+        for text, ids, offsets, special in zip(
+            texts,
+            encoded["input_ids"],
+            encoded["offset_mapping"],
+            encoded["special_tokens_mask"],
+            strict=True,
+        ):
+            names = tokenizer.convert_ids_to_tokens(ids)
+            tokens = []
+            for token_id, (start, stop), is_special, name in zip(
+                ids, offsets, special, names, strict=True
+            ):
+                if is_special:
+                    tokens.append(
+                        {"id": token_id, "text": name, "special": True, "start": None, "stop": None}
+                    )
+                    continue
+                begin = len(text[:start].encode())
+                end = begin + len(text[start:stop].encode())
+                tokens.append(
+                    {
+                        "id": token_id,
+                        "text": text[start:stop],
+                        "special": False,
+                        "start": begin,
+                        "stop": end,
+                    }
+                )
+            result.append(tokens)
+        return result
+
+    def decode(self, ids: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
+        return self.loaded.tokenizer.batch_decode(
+            [list(item) for item in ids], skip_special_tokens=skip_special_tokens
+        )
 
     def warmup_inputs(self, shape: Shape) -> list[list[int]]:
         """`shape.batch_size` inputs of exactly `shape.seq_len` tokens, via the tokenizer."""

@@ -23,11 +23,17 @@ class Limits:
     hidden_size: int
     model_names: Collection[str]
     default_normalize: bool
+    vocab_size: int = 1 << 31
+    auto_truncate: bool = False
+
+
+Input = str | list[int]
+"""A text, or the model's own token ids (TEI and OpenAI both accept them)."""
 
 
 @dataclass(frozen=True)
 class EmbedRequest:
-    texts: list[str]
+    texts: list[Input]
     normalize: bool
     dimensions: int | None = None
     truncate: bool = False
@@ -35,29 +41,68 @@ class EmbedRequest:
     base64: bool = False
 
 
-def _texts(value: object, field: str, limits: Limits) -> list[str]:
+def check_unicode(text: str, where: str) -> None:
+    """JSON can carry unpaired surrogates (`"\\ud800"`), which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise validation(
+            f"`{where}` is not valid Unicode: an unpaired surrogate at character {error.start}",
+            "invalid_unicode",
+            where.split("[")[0].split(".")[0],
+        ) from None
+
+
+def _is_ids(value: object) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(item, int) and not isinstance(item, bool) for item in value
+    )
+
+
+def _texts(value: object, field: str, limits: Limits) -> list[Input]:
+    """A string, a list of strings, a list of token ids, or a list of token-id lists (the
+    OpenAI and TEI input shapes, mixed as TEI allows)."""
     if value is None:
         raise validation(f"`{field}` is required: a string or a list of strings", "missing", field)
-    texts = [value] if isinstance(value, str) else value
-    if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
+    if isinstance(value, str):
+        inputs: list = [value]
+    elif _is_ids(value) and value:
+        inputs = [value]  # one input given as token ids
+    elif isinstance(value, list):
+        inputs = value
+    else:
+        inputs = None
+    if inputs is None or not all(isinstance(item, str) or _is_ids(item) for item in inputs):
         raise validation(
-            f"`{field}` must be a string or a list of strings (token ids are not accepted)",
+            f"`{field}` must be a string, a list of strings, a list of token ids or a list of "
+            "token-id lists",
             "invalid_type",
             field,
         )
-    if not texts:
+    if not inputs:
         raise empty(f"`{field}` is an empty list: send at least one text", field)
-    for index, text in enumerate(texts):
-        if not text:
-            raise empty(f"`{field}[{index}]` is an empty string", field)
-    if len(texts) > limits.max_inputs:
+    for index, item in enumerate(inputs):
+        if not item:
+            what = "an empty string" if isinstance(item, str) else "an empty list of token ids"
+            raise empty(f"`{field}[{index}]` is {what}", field)
+        if isinstance(item, str):
+            check_unicode(item, f"{field}[{index}]")
+        if not isinstance(item, str) and not all(0 <= i < limits.vocab_size for i in item):
+            raise validation(
+                f"`{field}[{index}]` has token ids outside this model's vocabulary "
+                f"(0..{limits.vocab_size - 1}): token ids are the model's own, not another "
+                "tokenizer's",
+                "invalid_token_ids",
+                field,
+            )
+    if len(inputs) > limits.max_inputs:
         raise validation(
-            f"`{field}` has {len(texts)} texts, more than the limit of {limits.max_inputs} per "
+            f"`{field}` has {len(inputs)} inputs, more than the limit of {limits.max_inputs} per "
             "request: split it into several requests",
             "too_many_inputs",
             field,
         )
-    return texts
+    return inputs
 
 
 def _optional_int(value: object, field: str) -> int | None:
@@ -78,6 +123,66 @@ def _dimensions(value: object, limits: Limits) -> int | None:
             "dimensions",
         )
     return dimensions
+
+
+def parse_strings(value: object, field: str, max_inputs: int) -> list[str]:
+    """A string or a non-empty list of strings (the tokenizer routes)."""
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
+        raise validation(f"`{field}` must be a string or a list of strings", "invalid_type", field)
+    if not texts:
+        raise empty(f"`{field}` cannot be empty", field)
+    if len(texts) > max_inputs:
+        raise validation(
+            f"batch size {len(texts)} > maximum allowed batch size {max_inputs}",
+            "too_many_inputs",
+            field,
+        )
+    for index, text in enumerate(texts):
+        check_unicode(text, f"{field}[{index}]")
+    return texts
+
+
+def parse_id_lists(value: object, field: str, vocab_size: int, max_inputs: int) -> list[list[int]]:
+    """Token ids, or a list of token-id lists (/decode)."""
+    lists = [value] if _is_ids(value) else value
+    if not isinstance(lists, list) or not lists or not all(_is_ids(item) for item in lists):
+        raise validation(
+            f"`{field}` must be a list of token ids or a non-empty list of token-id lists",
+            "invalid_type",
+            field,
+        )
+    if len(lists) > max_inputs:
+        raise validation(
+            f"batch size {len(lists)} > maximum allowed batch size {max_inputs}",
+            "too_many_inputs",
+            field,
+        )
+    for index, ids in enumerate(lists):
+        if not all(0 <= token < vocab_size for token in ids):
+            raise validation(
+                f"`{field}[{index}]` has token ids outside the vocabulary (0..{vocab_size - 1})",
+                "invalid_token_ids",
+                field,
+            )
+    return lists
+
+
+def parse_flag(value: object, field: str, default: bool) -> bool:
+    return _bool(value, field, default)
+
+
+def parse_object(body: object) -> dict[str, object]:
+    return _object(body)
+
+
+def refuse_prompt_name(fields: dict[str, object]) -> None:
+    if fields.get("prompt_name") is not None:
+        raise validation(
+            "`prompt_name` is not supported: this server has no prompts configured",
+            "unsupported",
+            "prompt_name",
+        )
 
 
 def _bool(value: object, field: str, default: bool) -> bool:
@@ -124,6 +229,7 @@ def parse_openai(body: object, limits: Limits) -> EmbedRequest:
         texts=texts,
         normalize=limits.default_normalize,
         dimensions=_dimensions(fields.get("dimensions"), limits),
+        truncate=limits.auto_truncate,
         base64=encoding == "base64",
     )
 
@@ -138,17 +244,12 @@ def parse_tei(body: object, limits: Limits) -> EmbedRequest:
             "invalid_truncation_direction",
             "truncation_direction",
         )
-    if fields.get("prompt_name") is not None:
-        raise validation(
-            "`prompt_name` is not supported: this server has no prompts configured",
-            "unsupported",
-            "prompt_name",
-        )
+    refuse_prompt_name(fields)
     return EmbedRequest(
         texts=texts,
         normalize=_bool(fields.get("normalize"), "normalize", limits.default_normalize),
         dimensions=_dimensions(fields.get("dimensions"), limits),
-        truncate=_bool(fields.get("truncate"), "truncate", False),
+        truncate=_bool(fields.get("truncate"), "truncate", limits.auto_truncate),
         truncate_left=direction.lower() == "left",
     )
 

@@ -36,8 +36,8 @@ def _token_text(value: Any) -> str | None:
 
 class BertTokenizer:
     """The part of transformers' tokenizer interface the server uses: `__call__` with special
-    tokens and their mask, `pad_token_id`, `cls_token_id`, `model_max_length` and
-    `model_input_names`."""
+    tokens, their mask and offsets, `len()`, `convert_ids_to_tokens`, `batch_decode`,
+    `pad_token_id`, `cls_token_id`, `model_max_length` and `model_input_names`."""
 
     def __init__(self, tokenizer: Any, config: dict[str, Any]) -> None:
         self._tokenizer = tokenizer
@@ -87,10 +87,23 @@ class BertTokenizer:
         texts: list[str],
         return_special_tokens_mask: bool = False,
         verbose: bool = True,
-    ) -> dict[str, list[list[int]]]:
+        add_special_tokens: bool = True,
+        return_offsets_mapping: bool = False,
+    ) -> dict[str, list[list[Any]]]:
         del verbose  # transformers' warnings about length; the server checks lengths itself
-        encodings = self._tokenizer.encode_batch(texts, add_special_tokens=True)
-        result = {"input_ids": [encoding.ids for encoding in encodings]}
+        encodings = self._tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+        result: dict[str, list[list[Any]]] = {"input_ids": [e.ids for e in encodings]}
         if return_special_tokens_mask:
-            result["special_tokens_mask"] = [encoding.special_tokens_mask for encoding in encodings]
+            result["special_tokens_mask"] = [e.special_tokens_mask for e in encodings]
+        if return_offsets_mapping:
+            result["offset_mapping"] = [list(e.offsets) for e in encodings]
         return result
+
+    def __len__(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self._tokenizer.id_to_token(token) or "" for token in ids]
+
+    def batch_decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return self._tokenizer.decode_batch(ids, skip_special_tokens=skip_special_tokens)

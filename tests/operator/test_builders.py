@@ -150,6 +150,8 @@ def test_server_flags_follow_the_contract() -> None:
         "--dtype=float32",
         "--max-input-length=128",
         "--max-batch-size=8",
+        "--max-client-batch-size=2048",
+        "--no-auto-truncate",
         "--max-batch-tokens=1024",
         "--max-wait-ms=2",
         "--max-concurrent-requests=256",

@@ -1,0 +1,88 @@
+"""Bad input, whatever it is: arbitrary JSON of any shape and depth, arbitrary bytes, and
+Unicode a tokenizer chokes on (unpaired surrogates, control characters) sent to every POST route
+of a real server. Each gets an answer below 500, a 4xx in the route's own error shape, and the
+server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+OPENAI_ROUTES = ("/v1/embeddings", "/embeddings")
+TEI_ROUTES = ("/embed", "/", "/invocations", "/tokenize", "/decode", "/similarity")
+
+text = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)
+scalars = st.none() | st.booleans() | st.integers() | st.floats() | text
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(text, inner, max_size=5),
+    max_leaves=20,
+)
+keys = st.sampled_from(
+    ["input", "inputs", "ids", "model", "encoding_format", "dimensions", "user", "normalize",
+     "truncate", "truncation_direction", "prompt_name", "add_special_tokens",
+     "skip_special_tokens", "parameters", "source_sentence", "sentences"]
+)  # fmt: skip
+# Objects with the routes' own field names (so validation goes deep), anything else as JSON,
+# and bytes that are not JSON at all.
+bodies = (
+    st.dictionaries(keys, values, max_size=4).map(lambda d: json.dumps(d).encode())
+    | values.map(lambda v: json.dumps(v).encode())
+    | st.binary(max_size=200)
+)
+
+
+def post(url: str, body: bytes) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def check(server, path: str, body: bytes) -> None:
+    status, raw = post(server.url + path, body)
+    assert status < 500, (path, body[:200], raw[:300])
+    if status >= 400:
+        error = json.loads(raw)
+        if path in OPENAI_ROUTES:
+            assert set(error["error"]) == {"message", "type", "param", "code"}, error
+            assert error["error"]["message"]
+        else:
+            assert set(error) == {"error", "error_type"} and error["error"], error
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(path=st.sampled_from(OPENAI_ROUTES + TEI_ROUTES), body=bodies)
+def test_any_body_gets_a_4xx_in_the_routes_shape(server, path: str, body: bytes) -> None:
+    check(server, path, body)
+
+
+def test_unicode_a_tokenizer_chokes_on(server) -> None:
+    nasty = [
+        "\ud800",  # an unpaired surrogate (JSON can carry it as an escape)
+        "ok \udfff then",
+        "\x00\x01\x1b[31m\x7f",
+        "\u202e\u200b\ufeff",
+        "a" * 5 + "\U0010ffff",
+    ]
+    for text in nasty:
+        for path, body in (
+            ("/v1/embeddings", {"input": text}),
+            ("/embed", {"inputs": [text, "fine"]}),
+            ("/tokenize", {"inputs": text}),
+            ("/similarity", {"inputs": {"source_sentence": text, "sentences": [text]}}),
+        ):
+            check(server, path, json.dumps(body).encode())
+    deep = b"[" * 100_000 + b"]" * 100_000
+    for path in OPENAI_ROUTES + TEI_ROUTES:
+        check(server, path, deep)
+    status, _ = post(server.url + "/v1/embeddings", json.dumps({"input": "still here"}).encode())
+    assert status == 200
