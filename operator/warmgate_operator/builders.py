@@ -202,6 +202,7 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
             "normalize": model.normalize,
             "max_input_length": model.max_input_length,
             "auto_truncate": model.auto_truncate,
+            "openai_token_ids": model.openai_token_ids,
             "max_batch_size": batching.max_batch_size,
             "max_client_batch_size": batching.max_client_batch_size,
             "max_batch_tokens": batching.max_batch_tokens,
@@ -214,6 +215,11 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
             "pad_batch": batching.pad_batch,
             "warmup": warmup.enabled,
             "drain_seconds": spec.rollout.drain_seconds,
+            "request_timeout": batching.request_timeout_seconds,
+            "body_timeout": batching.body_timeout_seconds,
+            "forward_timeout": spec.probes.forward_timeout_seconds,
+            "fault_threshold": spec.probes.fault_threshold,
+            "fault_restart_seconds": spec.probes.fault_restart_seconds,
         }
     )
 

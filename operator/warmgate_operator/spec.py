@@ -90,6 +90,7 @@ class ModelSpec:
     normalize: bool | None = None
     max_input_length: int | None = None
     auto_truncate: bool = False
+    openai_token_ids: str = "model"
     source: ModelSource = field(default_factory=ModelSource)
 
 
@@ -108,6 +109,8 @@ class BatchingSpec:
     max_concurrent_requests: int = 512
     payload_limit_bytes: int = 2_000_000
     pad_batch: bool = True
+    request_timeout_seconds: int = 60
+    body_timeout_seconds: int = 15
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,9 @@ class ProbesSpec:
     # None: sized from the measured startup (builders.startup_budget).
     startup_timeout_seconds: int | None = None
     period_seconds: int = 5
+    forward_timeout_seconds: int = 30
+    fault_threshold: int = 3
+    fault_restart_seconds: int = 30
 
     def startup_failure_threshold(self, budget_seconds: int) -> int:
         """How many failed startup probes a pod may take, loading and warming, before the
@@ -350,6 +356,7 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         normalize=_optional_bool(_get(model_raw, "normalize", None)),
         max_input_length=_int(model_raw, "maxInputLength", None, "spec.model"),
         auto_truncate=bool(_get(model_raw, "autoTruncate", False)),
+        openai_token_ids=_get(model_raw, "openaiTokenIds", "model"),
         source=source,
     )
 
@@ -374,6 +381,10 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         ),
         payload_limit_bytes=_int(b, "payloadLimitBytes", d.payload_limit_bytes, "spec.batching"),
         pad_batch=bool(_get(b, "padBatch", d.pad_batch)),
+        request_timeout_seconds=_int(
+            b, "requestTimeoutSeconds", d.request_timeout_seconds, "spec.batching"
+        ),
+        body_timeout_seconds=_int(b, "bodyTimeoutSeconds", d.body_timeout_seconds, "spec.batching"),
     )
 
     w = _section(raw, "warmup")
@@ -400,6 +411,13 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
             p, "startupTimeoutSeconds", dp.startup_timeout_seconds, "spec.probes"
         ),
         period_seconds=_int(p, "periodSeconds", dp.period_seconds, "spec.probes"),
+        forward_timeout_seconds=_int(
+            p, "forwardTimeoutSeconds", dp.forward_timeout_seconds, "spec.probes"
+        ),
+        fault_threshold=_int(p, "faultThreshold", dp.fault_threshold, "spec.probes"),
+        fault_restart_seconds=_int(
+            p, "faultRestartSeconds", dp.fault_restart_seconds, "spec.probes"
+        ),
     )
     if probes.period_seconds < 1:
         raise SpecError("spec.probes.periodSeconds must be at least 1")

@@ -81,7 +81,7 @@ async def serve(config: ServerConfig) -> int:
     else:
         started = time.monotonic()
         log.info("draining (up to %.1fs)", config.drain_seconds)
-        drained = await drain(app, config.drain_seconds)
+        drained = await drain(app, config.drain_seconds, runner.server)
         log.info(
             "drained %s in %.2fs", "cleanly" if drained else "partly", time.monotonic() - started
         )

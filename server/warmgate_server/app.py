@@ -13,9 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import aiohttp
 from aiohttp import web
 
-from warmgate_contract.report import DOWNLOADING, DRAINING, LOADING, READY, WARMING
+from warmgate_contract.report import DOWNLOADING, DRAINING, LOADING, READY, UNHEALTHY, WARMING
 from warmgate_contract.shapes import plan_warmup
 
+from . import draining, faults
 from .config import ServerConfig
 from .context import RUNTIME, WARMUP_HEADER, Runtime
 from .cpus import plan_threads
@@ -30,6 +31,8 @@ from .source import ModelSource, locate, needs_download
 from .warmup import SettleRule
 
 log = logging.getLogger(__name__)
+
+PROBE_INTERVAL_S = 1.0
 
 
 def create_app(
@@ -61,6 +64,8 @@ def create_app(
         dtype=config.dtype,
         planned=plan.shapes,
         on_phase=metrics.set_phase,
+        fault_threshold=config.fault_threshold,
+        fault_restart_seconds=config.fault_restart_seconds,
     )
     runtime = Runtime(
         config=config,
@@ -69,7 +74,16 @@ def create_app(
         plan=plan.shapes,
         pod_name=os.environ.get("POD_NAME") or socket.gethostname(),
     )
-    app = web.Application(client_max_size=config.payload_limit, middlewares=[count_requests])
+    if faults.enabled():
+        runtime.faults = faults.FaultInjector()
+        log.warning("%s is set: POST /debug/faults can make the model fail", faults.ENV)
+    app = web.Application(
+        client_max_size=config.payload_limit,
+        middlewares=[
+            count_requests,
+            draining.middleware(runtime.connections, lambda: lifecycle.phase == DRAINING),
+        ],
+    )
     app[RUNTIME] = runtime
     app.cleanup_ctx.append(_threads)
     app.cleanup_ctx.append(_bring_up(preloaded, settle_rule or SettleRule()))
@@ -139,6 +153,9 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
             runtime.metrics,
             runtime.model_threads,
             runtime.tokenizer_thread,
+            on_fault=lambda error, hung: lifecycle.model_fault(error),
+            on_success=lifecycle.model_ok,
+            faults=runtime.faults,
         )
         lifecycle.device, lifecycle.dtype = loaded.device_name, loaded.dtype_name
         lifecycle.model_settings = engine.settings.as_json()
@@ -151,6 +168,7 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
         )
         runtime.engine = engine
         runtime.tasks.append(asyncio.create_task(engine.scheduler.run()))
+        runtime.tasks.append(asyncio.create_task(_probe_while_unhealthy(runtime, engine)))
         if lifecycle.phase != LOADING:  # drained while loading
             return
         if config.warmup:
@@ -175,6 +193,24 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
     except Exception as exc:
         log.exception("startup failed")
         lifecycle.fail(f"{type(exc).__name__}: {exc}")
+
+
+async def _probe_while_unhealthy(runtime: Runtime, engine: Engine) -> None:
+    """While unhealthy, one small request a second through the batcher: with no traffic (the
+    pod is out of the endpoints) this is what finds the model working again, or keeps it
+    failing until /healthz fails and kubelet restarts the container."""
+    lifecycle = runtime.lifecycle
+    while True:
+        await asyncio.sleep(PROBE_INTERVAL_S)
+        if lifecycle.phase != UNHEALTHY:
+            continue
+        try:
+            async with asyncio.timeout(runtime.config.forward_timeout + PROBE_INTERVAL_S):
+                await engine.embed(["warmgate health probe"], record=False)
+        except Exception as exc:
+            log.warning("health probe failed: %s", exc)
+        else:
+            log.info("health probe succeeded: phase %s", lifecycle.phase)
 
 
 def _locate(config: ServerConfig, lifecycle: Lifecycle, loop) -> ModelSource:
@@ -236,17 +272,15 @@ async def _warm_http_path(runtime: Runtime) -> bool:
     return True
 
 
-async def drain(app: web.Application, seconds: float) -> bool:
-    """Turn /ready 503 now, then wait (at most `seconds`) for in-flight and queued work."""
+async def drain(app: web.Application, seconds: float, server: web.Server | None = None) -> bool:
+    """Turn /ready 503 now; then, for at most `seconds`, finish in-flight and queued work and
+    let `server`'s keep-alive connections close (draining.py)."""
     runtime = app[RUNTIME]
     runtime.lifecycle.begin_drain()
     deadline = time.monotonic() + seconds
-    while not runtime.idle:
-        if time.monotonic() >= deadline:
-            log.warning("drain time is up with %d requests in flight", runtime.in_flight)
-            return False
-        await asyncio.sleep(0.02)
-    return True
+    return await draining.close_connections(
+        server, runtime.connections, lambda: runtime.idle, deadline
+    )
 
 
 __all__ = ["DRAINING", "create_app", "drain"]

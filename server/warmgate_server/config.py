@@ -24,6 +24,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 POOLINGS = ("mean", "cls", "last")
 PACKINGS = ("auto", "on", "off")
+TOKEN_ID_KINDS = ("model", "cl100k_base")
 
 
 class ConfigError(ValueError):
@@ -59,6 +60,9 @@ class ServerConfig:
     auto_truncate: bool = DEFAULTS["auto_truncate"]
     """Truncate inputs above the token limit (default: refuse them with a 4xx, as OpenAI does);
     TEI's per-request `truncate` wins."""
+    openai_token_ids: str = DEFAULTS["openai_token_ids"]
+    """What token ids on the OpenAI route mean: `model` (the model's vocabulary, as TEI) or
+    `cl100k_base` (OpenAI's, as tiktoken makes them; decoded to text, then tokenized)."""
     max_batch_tokens: int = DEFAULTS["max_batch_tokens"]
     """Padded tokens (batch size x bucket) per forward pass; warmup never exceeds it either."""
     max_wait_ms: float = DEFAULTS["max_wait_ms"]
@@ -78,6 +82,21 @@ class ServerConfig:
     warmup: bool = DEFAULTS["warmup"]
     drain_seconds: float = DEFAULTS["drain_seconds"]
     """After SIGTERM: how long to finish in-flight and queued requests before exiting."""
+    request_timeout: float = DEFAULTS["request_timeout"]
+    """Deadline of an embedding request from admission: 503 if its inputs were still queued,
+    504 if their forward pass was running."""
+    body_timeout: float = DEFAULTS["body_timeout"]
+    """How long a client may take to send its body (408 after): a slow sender cannot hold an
+    admission slot for long."""
+    forward_timeout: float = DEFAULTS["forward_timeout"]
+    """A forward pass running longer is a model fault: its requests get 504 at once and the
+    worker stays out of use until the pass returns."""
+    fault_threshold: int = DEFAULTS["fault_threshold"]
+    """Model faults (a forward pass raised or hung) in a row that turn /ready 503 (phase
+    `unhealthy`); one good forward pass, from traffic or the server's own probe, turns it back."""
+    fault_restart_seconds: float = DEFAULTS["fault_restart_seconds"]
+    """How long `unhealthy` may last before /healthz fails too, so kubelet restarts the
+    container."""
     packing: str = DEFAULTS["packing"]
     """Padding-free forward pass: linear layers run on the real tokens only, attention on the
     padded shape. auto: on for BERT-family models on a CPU; on: wherever the model allows;
@@ -225,6 +244,21 @@ def validate(config: ServerConfig) -> None:
         problems.append("--payload-limit must be at least 1024 bytes")
     if config.drain_seconds < 0:
         problems.append("--drain-seconds must be >= 0")
+    if config.openai_token_ids not in TOKEN_ID_KINDS:
+        problems.append(
+            f"--openai-token-ids {config.openai_token_ids!r}: use one of "
+            + ", ".join(TOKEN_ID_KINDS)
+        )
+    for name, value in (
+        ("--request-timeout", config.request_timeout),
+        ("--body-timeout", config.body_timeout),
+        ("--forward-timeout", config.forward_timeout),
+        ("--fault-restart-seconds", config.fault_restart_seconds),
+    ):
+        if not value > 0:
+            problems.append(f"{name} must be above 0 seconds")
+    if config.fault_threshold < 1:
+        problems.append("--fault-threshold must be at least 1")
     if config.torch_threads is not None and config.torch_threads < 1:
         problems.append("--torch-threads must be at least 1")
     if config.model_workers is not None and config.model_workers < 1:

@@ -13,8 +13,10 @@ from warmgate_contract.report import WARMING
 from warmgate_contract.shapes import Shape
 
 from .config import ServerConfig
+from .draining import ConnectionActivity
 from .engine import Engine
 from .errors import ApiError
+from .faults import FaultInjector
 from .lifecycle import Lifecycle
 from .metrics import Metrics
 
@@ -34,6 +36,10 @@ class Runtime:
     self_url: str | None = None
     """Where this process listens, as a loopback URL (set once the port is bound): warmup sends
     a few requests there, so the HTTP layer's first uses are paid before /ready too."""
+    connections: ConnectionActivity = field(default_factory=ConnectionActivity)
+    """Each connection's requests, for closing idle keep-alive connections while draining."""
+    faults: FaultInjector | None = None
+    """Test-only fault injection (WARMGATE_FAULT_INJECTION=1); None otherwise."""
     warmup_token: str = field(default_factory=lambda: secrets.token_hex(16))
     """The `X-Warmgate-Warmup` value of those requests: they are served while warming and kept
     out of the metrics and the served-shape profile. Nobody else knows it."""

@@ -19,21 +19,38 @@ from warmgate_contract.shapes import Shape
 from . import modelconfig
 from .config import ServerConfig
 from .errors import ModelLoadError
+from .faults import FaultInjector
 from .lifecycle import Lifecycle, WarmedShape
 from .loading import LoadedModel
 from .metrics import Metrics
+from .openai_ids import OpenAITokenIds
 from .runner import BatchResult, ModelRunner
 from .scheduler import Embedded, Scheduler, StageTimes
-from .shapes import ShapePolicy
+from .shapes import ShapePolicy, bucket_for
 from .warmup import SettleRule, should_stop, steady_seconds
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+MAX_CHARS_PER_TOKEN = 64
+"""Text averages 3 to 6 characters per token, so a text of 64 per token of the limit is far over
+it; the cap bounds the tokenizer's work on one huge text (a 2 MB body of one string) at a cost
+of at most a few milliseconds."""
+
 
 @dataclass(frozen=True)
 class Embeddings:
     vectors: np.ndarray
+    prompt_tokens: int
+    cold: bool
+    timing: StageTimes = field(default_factory=StageTimes)
+
+
+@dataclass(frozen=True)
+class TokenStates:
+    """/embed_all's result: per input, its tokens' last hidden states."""
+
+    vectors: list[np.ndarray]
     prompt_tokens: int
     cold: bool
     timing: StageTimes = field(default_factory=StageTimes)
@@ -58,6 +75,10 @@ class Engine:
         metrics: Metrics,
         model_threads: Sequence[ThreadPoolExecutor],
         tokenizer_thread: ThreadPoolExecutor,
+        *,
+        on_fault: Callable[[str, bool], None] = lambda error, hung: None,
+        on_success: Callable[[], None] = lambda: None,
+        faults: FaultInjector | None = None,
     ) -> None:
         max_input_length = min(
             config.max_input_length or loaded.model_max_length, config.largest_bucket
@@ -82,10 +103,13 @@ class Engine:
             packed=config.packing != "off",
             prompt=self.settings.default_prompt,
         )
+        self.runner.faults = faults
+        self.openai_ids = OpenAITokenIds.load(config.openai_token_ids)
+        """Decodes OpenAI token ids (tiktoken's) into text; None: ids are the model's own."""
         self.metrics = metrics
         self._model_threads = tuple(model_threads)
         self._tokenizer_thread = tokenizer_thread
-        policy = ShapePolicy.build(
+        self.policy = policy = ShapePolicy.build(
             config.sequence_buckets,
             config.max_batch_size,
             config.max_batch_tokens,
@@ -103,8 +127,26 @@ class Engine:
             ),
             workers=len(self._model_threads),
             more_coming=lambda: self._tokenizing > 0,
+            forward_timeout_s=config.forward_timeout,
+            on_fault=self._fault(on_fault),
+            on_success=on_success,
         )
         self._tokenizing = 0
+
+    def _fault(self, report: Callable[[str, bool], None]) -> Callable[[str, bool], None]:
+        def counted(error: str, hung: bool) -> None:
+            self.metrics.model_faults.labels(kind="hung" if hung else "raised").inc()
+            report(error, hung)
+
+        return counted
+
+    @property
+    def max_chars(self) -> int:
+        """The longest text taken to the tokenizer: MAX_CHARS_PER_TOKEN characters per token of
+        the input limit. Longer texts are cut there before tokenizing when truncating (no
+        token within the limit is lost) and refused otherwise, so one huge text cannot hold
+        the tokenizer thread."""
+        return self.max_input_length * MAX_CHARS_PER_TOKEN
 
     @property
     def hidden_size(self) -> int:
@@ -164,6 +206,46 @@ class Engine:
         return Embeddings(
             embedded.vectors, sum(map(len, token_ids)), embedded.cold, embedded.timing
         )
+
+    async def embed_all(
+        self, texts: Sequence[str | Sequence[int]], truncate: bool, truncate_left: bool
+    ) -> TokenStates:
+        """Every token's last hidden state per input (TEI's /embed_all: no pooling), in
+        request order, with the token count and whether a shape ran cold. Runs on model worker
+        0 in planned shapes (inputs grouped by bucket), next to the batcher's batches."""
+        loop = asyncio.get_running_loop()
+        token_ids = await loop.run_in_executor(
+            self._tokenizer_thread, self.runner.tokenize, texts, truncate, truncate_left
+        )
+        order = sorted(
+            range(len(token_ids)),
+            key=lambda index: bucket_for(len(token_ids[index]), self.policy.buckets) or 0,
+        )
+        states: list[np.ndarray | None] = [None] * len(token_ids)
+        cold = False
+        position = 0
+        while position < len(order):
+            bucket = bucket_for(len(token_ids[order[position]]), self.policy.buckets)
+            assert bucket is not None  # tokenize kept every input within the largest bucket
+            members = []
+            while (
+                position < len(order)
+                and len(members) < self.policy.capacity(bucket)
+                and bucket_for(len(token_ids[order[position]]), self.policy.buckets) == bucket
+            ):
+                members.append(order[position])
+                position += 1
+            shape = self.policy.shape_for(len(members), bucket)
+            batch = [token_ids[index] for index in members]
+            result = await self._in_model_thread(self.runner.execute, batch, shape, 0, False)
+            cold = cold or result.first_time
+            start = 0
+            for index in members:
+                length = len(token_ids[index])
+                states[index] = result.vectors[start : start + length]
+                start += length
+        found = [state for state in states if state is not None]
+        return TokenStates(found, sum(map(len, token_ids)), cold)
 
     async def warm(self, lifecycle: Lifecycle, rule: SettleRule | None = None) -> None:
         """Run every planned shape through the serving path until its latency settles, on

@@ -17,6 +17,15 @@ class InputTooLong(ValueError):
         self.index, self.length, self.limit = index, length, limit
 
 
+class ModelFault(RuntimeError):
+    """A batch's forward pass failed (`hung`: it ran past --forward-timeout); the scheduler
+    fails the batch's requests with it."""
+
+    def __init__(self, message: str, hung: bool = False) -> None:
+        super().__init__(message)
+        self.hung = hung
+
+
 class QueueFull(RuntimeError):
     """The batcher's queue holds as many inputs as it may (the scheduler raises it)."""
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from warmgate_contract.report import DRAINING, FAILED, LOADING, READY, ReadyReport
+from warmgate_contract.report import DRAINING, FAILED, LOADING, READY, UNHEALTHY, ReadyReport
 from warmgate_contract.report import WarmedShape as ReportedShape
 from warmgate_contract.shapes import Shape
 
@@ -53,6 +53,13 @@ class Lifecycle:
     failed_event: asyncio.Event = field(default_factory=asyncio.Event)
     started_monotonic: float = field(default_factory=time.monotonic)
     on_phase: Callable[[str], None] | None = None
+    fault_threshold: int = 3
+    """Model faults in a row that make a ready server unhealthy (--fault-threshold)."""
+    fault_restart_seconds: float = 30.0
+    """How long unhealthy may last before liveness fails (--fault-restart-seconds)."""
+    fault_streak: int = 0
+    last_fault: str | None = None
+    unhealthy_since: float | None = None
 
     @property
     def is_ready(self) -> bool:
@@ -60,8 +67,39 @@ class Lifecycle:
 
     @property
     def accepts_embeddings(self) -> bool:
-        """Serving continues while draining: in-flight clients and late arrivals get answers."""
-        return self.phase in (READY, DRAINING)
+        """Serving continues while draining (in-flight clients and late arrivals get answers)
+        and while unhealthy (the next forward pass may well succeed; kubelet takes the pod out
+        of the endpoints meanwhile)."""
+        return self.phase in (READY, UNHEALTHY, DRAINING)
+
+    @property
+    def live(self) -> bool:
+        """False once the model has been unhealthy for --fault-restart-seconds: /healthz fails
+        and kubelet restarts the container (a fresh process, a fresh CUDA context)."""
+        if self.unhealthy_since is None:
+            return True
+        return time.monotonic() - self.unhealthy_since < self.fault_restart_seconds
+
+    def model_fault(self, error: str) -> None:
+        """A forward pass for traffic (or the health probe) raised or hung."""
+        self.fault_streak += 1
+        self.last_fault = error
+        if self.fault_streak >= self.fault_threshold and self.phase == READY:
+            self.unhealthy_since = time.monotonic()
+            self.error = (
+                f"model faults: {self.fault_streak} forward passes in a row failed or hung; "
+                f"the last: {error}"
+            )
+            self.enter(UNHEALTHY)
+
+    def model_ok(self) -> None:
+        """A forward pass succeeded: the streak ends, an unhealthy server is ready again."""
+        self.fault_streak = 0
+        if self.unhealthy_since is not None:
+            self.unhealthy_since = None
+            if self.phase == UNHEALTHY:
+                self.error = None
+                self.enter(READY)
 
     def enter(self, phase: str) -> None:
         self.phase = phase
@@ -76,6 +114,7 @@ class Lifecycle:
     def begin_drain(self) -> None:
         if self.phase != FAILED:
             self.enter(DRAINING)
+            self.unhealthy_since = None  # draining: a restart would gain nothing
 
     def report(self) -> dict[str, object]:
         """The /ready body (the contract's ReadyReport): the same keys in every phase."""

@@ -72,6 +72,12 @@ class Metrics:
         self.queue_depth = Gauge(
             "warmgate_queue_depth", "Inputs waiting for a batch.", registry=registry
         )
+        self.model_faults = Counter(
+            "warmgate_model_faults",
+            "Forward passes for traffic that raised or ran past --forward-timeout, by kind.",
+            ["kind"],
+            registry=registry,
+        )
         self.rejected = Counter(
             "warmgate_requests_rejected",
             "Embedding requests refused before any work (overloaded, not ready).",

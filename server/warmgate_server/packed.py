@@ -116,7 +116,8 @@ class PackedBert:
     def __call__(
         self, batch: Sequence[Sequence[int]], seq_len: int, rows: int, pooling: str
     ) -> torch.Tensor:
-        """Pooled (len(batch), hidden) float32 for `batch` laid out as `rows` x `seq_len`.
+        """Pooled (len(batch), hidden) float32 for `batch` laid out as `rows` x `seq_len`
+        (`pooling` "none": (real tokens, hidden), the inputs' tokens one after another).
 
         Rows past len(batch) are padding rows of one token each (the first token of the first
         input), so attention runs at exactly the planned (rows, seq_len) shape.
@@ -143,6 +144,8 @@ class PackedBert:
 
         real = int(starts[count - 1] + lengths[count - 1])
         x = x[:real]
+        if pooling == "none":  # every real token's state, input after input
+            return x.float()
         if pooling == "cls":
             return x[torch.from_numpy(starts[:count])].float()
         if pooling == "last":

@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import numpy as np
 from aiohttp import web
@@ -15,12 +16,15 @@ from warmgate_contract.names import COLD_HEADER, POD_HEADER, REVISION_HEADER
 
 from . import __version__
 from .context import RUNTIME, Runtime
-from .engine import finish_vectors
-from .errors import ApiError, InputTooLong, QueueFull, validation
+from .draining import CLOSE_AFTER
+from .engine import Embeddings, Engine, TokenStates, finish_vectors
+from .errors import ApiError, InputTooLong, ModelFault, QueueFull, validation
 from .metrics import CONTENT_TYPE
 from .schemas import (
     EmbedRequest,
+    Input,
     Limits,
+    cap_text_lengths,
     check_unicode,
     dumps,
     openai_response,
@@ -62,7 +66,13 @@ async def count_requests(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    """Liveness: the process answers, and the model has not been failing for longer than
+    --fault-restart-seconds (then kubelet restarts the container)."""
+    lifecycle = request.app[RUNTIME].lifecycle
+    if lifecycle.live:
+        return web.json_response({"status": "ok"})
+    body = {"status": "unhealthy", "phase": lifecycle.phase, "error": lifecycle.error}
+    return web.json_response(body, status=503)
 
 
 async def ready(request: web.Request) -> web.Response:
@@ -92,6 +102,7 @@ async def info(request: web.Request) -> web.Response:
             "max_input_length": engine.max_input_length if engine else None,
             "max_client_batch_size": config.max_client_batch_size,
             "auto_truncate": config.auto_truncate,
+            "openai_token_ids": config.openai_token_ids,
             # text-embeddings-inference's own names for what is reported above.
             "model_dtype": runtime.lifecycle.dtype,
             "model_type": {
@@ -149,10 +160,21 @@ async def _read_json(request: web.Request, limit: int) -> object:
     )
     if request.content_length is not None and request.content_length > limit:
         raise too_large
+    seconds = request.app[RUNTIME].config.body_timeout
     try:
-        raw = await request.read()
+        async with asyncio.timeout(seconds):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
+    except TimeoutError:
+        # The rest of the body is still on its way: this connection cannot carry another.
+        request[CLOSE_AFTER] = True
+        raise ApiError(
+            408,
+            f"the request body did not arrive within {seconds:g}s (--body-timeout)",
+            "validation",
+            "body_timeout",
+        ) from None
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -163,16 +185,54 @@ async def _read_json(request: web.Request, limit: int) -> object:
         raise ApiError(400, message, "validation", "invalid_json") from None
 
 
-def _limits(runtime: Runtime) -> Limits:
+def _limits(runtime: Runtime, openai: bool = False) -> Limits:
     config = runtime.config
-    assert runtime.engine is not None
+    engine = runtime.engine
+    assert engine is not None
+    token_ids = engine.openai_ids if openai else None
     return Limits(
         max_inputs=config.max_client_batch_size,
-        hidden_size=runtime.engine.hidden_size,
+        hidden_size=engine.hidden_size,
         model_names={config.effective_served_name, config.model},
-        default_normalize=runtime.engine.settings.normalize,
-        vocab_size=runtime.engine.runner.vocab_size,
+        default_normalize=engine.settings.normalize,
+        vocab_size=token_ids.vocab_size if token_ids else engine.runner.vocab_size,
         auto_truncate=config.auto_truncate,
+        token_ids=token_ids.name if token_ids else "model",
+    )
+
+
+def _openai_texts(engine: Engine, parsed: EmbedRequest) -> EmbedRequest:
+    """With --openai-token-ids cl100k_base: the texts OpenAI token ids stand for."""
+    decoder = engine.openai_ids
+    if decoder is None or all(isinstance(item, str) for item in parsed.texts):
+        return parsed
+    texts: list[Input] = []
+    for index, item in enumerate(parsed.texts):
+        if isinstance(item, str):
+            texts.append(item)
+            continue
+        try:
+            texts.append(decoder.decode(item))
+        except KeyError as error:
+            raise validation(
+                f"`input[{index}]` has a token id that is not a {decoder.name} token: {error}",
+                "invalid_token_ids",
+                "input",
+            ) from None
+    return replace(parsed, texts=texts)
+
+
+def _failed_batch(fault: ModelFault) -> ApiError:
+    if fault.hung:
+        return ApiError(504, f"the model did not answer: {fault}", "backend", "model_timeout")
+    return ApiError(
+        503, f"the model failed on this request ({fault}); retry", "backend", "model_fault"
+    )
+
+
+async def _pooled(engine: Engine, parsed: EmbedRequest, warmup: bool) -> Embeddings:
+    return await engine.embed(
+        parsed.texts, parsed.truncate, parsed.truncate_left, record=not warmup
     )
 
 
@@ -182,6 +242,7 @@ async def _embed(
     render: Callable[[Runtime, EmbedRequest, object], object],
     error_body: Callable[[ApiError], dict[str, object]],
     status_of: Callable[[ApiError], int] = lambda err: err.status,
+    run: Callable[[Engine, EmbedRequest, bool], Awaitable[Embeddings | TokenStates]] = _pooled,
 ) -> web.Response:
     runtime = request.app[RUNTIME]
     started = time.perf_counter()
@@ -196,11 +257,26 @@ async def _embed(
     except ApiError as err:
         return web.json_response(error_body(err), status=status_of(err), headers=headers)
     try:
-        parsed = parse(await _read_json(request, runtime.config.payload_limit), _limits(runtime))
+        openai = parse is parse_openai
+        body = await _read_json(request, runtime.config.payload_limit)
+        parsed = parse(body, _limits(runtime, openai))
+        if openai:
+            parsed = _openai_texts(engine, parsed)
+        parsed = cap_text_lengths(parsed, engine.max_chars, engine.max_input_length)
+        timeout = runtime.config.request_timeout
         try:
-            result = await engine.embed(
-                parsed.texts, parsed.truncate, parsed.truncate_left, record=not warmup
-            )
+            async with asyncio.timeout(timeout):
+                result = await run(engine, parsed, warmup)
+        except TimeoutError:
+            raise ApiError(
+                504,
+                f"no answer within {timeout:g}s (--request-timeout): the server is overloaded "
+                "or its model is stuck; retry",
+                "backend",
+                "timeout",
+            ) from None
+        except ModelFault as fault:
+            raise _failed_batch(fault) from None
         except InputTooLong as exc:
             raise validation(
                 f"input {exc.index} has {exc.length} tokens, above the limit of {exc.limit}: "
@@ -212,7 +288,10 @@ async def _embed(
         except QueueFull:
             message = "overloaded: the queue is full; retry later"
             raise ApiError(429, message, "overloaded", "overloaded") from None
-        vectors = finish_vectors(result.vectors, parsed.dimensions, parsed.normalize)
+        if isinstance(result, Embeddings):
+            vectors = finish_vectors(result.vectors, parsed.dimensions, parsed.normalize)
+        else:
+            vectors = result.vectors
         headers[COLD_HEADER] = "1" if result.cold else "0"
         encoded = dumps(render(runtime, parsed, (vectors, result.prompt_tokens)))
         seconds = time.perf_counter() - started
@@ -258,6 +337,31 @@ async def openai_embeddings(request: web.Request) -> web.Response:
 
 async def tei_embed(request: web.Request) -> web.Response:
     return await _embed(request, parse_tei, _render_tei, ApiError.tei_body)
+
+
+async def _token_states(engine: Engine, parsed: EmbedRequest, warmup: bool) -> TokenStates:
+    result = await engine.embed_all(parsed.texts, parsed.truncate, parsed.truncate_left)
+    if not parsed.normalize:
+        return result
+    states = [finish_vectors(state, None, True) for state in result.vectors]
+    return replace(result, vectors=states)
+
+
+def _render_states(runtime: Runtime, parsed: EmbedRequest, result: object) -> object:
+    states, _prompt_tokens = result  # type: ignore[misc]
+    return [np.ascontiguousarray(state, dtype=np.float32) for state in states]
+
+
+async def tei_embed_all(request: web.Request) -> web.Response:
+    """TEI's /embed_all: every token's embedding, no pooling (`normalize` per token, default
+    false as TEI's)."""
+
+    def parse(body: object, limits: Limits) -> EmbedRequest:
+        parsed = parse_tei(body, limits)
+        fields = body if isinstance(body, dict) else {}
+        return replace(parsed, normalize=parse_flag(fields.get("normalize"), "normalize", False))
+
+    return await _embed(request, parse, _render_states, ApiError.tei_body, run=_token_states)
 
 
 # ------------------------------------------------------------------ text-embeddings-inference
@@ -371,7 +475,36 @@ def _not_this_kind(kind: str) -> Handler:
     return handler
 
 
+async def debug_faults(request: web.Request) -> web.Response:
+    """Test-only (WARMGATE_FAULT_INJECTION=1): GET the injector's state, or POST
+    {"mode": "raise"|"hang"|"off", "count": n, "hang_seconds": s} to make the next forward
+    passes (all of them, or n) raise or hang."""
+    injector = request.app[RUNTIME].faults
+    assert injector is not None
+    if request.method == "POST":
+        try:
+            fields = parse_object(await _read_json(request, 4096))
+            count = fields.get("count")
+            seconds = fields.get("hang_seconds")
+            if count is not None and (not isinstance(count, int) or count < 1):
+                raise validation("`count` must be a positive integer", "invalid_type", "count")
+            if seconds is not None and (
+                not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds <= 0
+            ):
+                raise validation("`hang_seconds` must be above 0", "invalid_type", "hang_seconds")
+            injector.set(str(fields.get("mode")), count, seconds)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=422)
+        except ApiError as err:
+            return _tei_error(err)
+        log.warning("fault injection: %s", injector.state())
+    return web.json_response(injector.state())
+
+
 def add_routes(app: web.Application) -> None:
+    if app[RUNTIME].faults is not None:
+        app.router.add_get("/debug/faults", debug_faults)
+        app.router.add_post("/debug/faults", debug_faults)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/ready", ready)
     app.router.add_get("/info", info)
@@ -381,6 +514,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/embeddings", openai_embeddings)
     app.router.add_post("/embeddings", openai_embeddings)  # TEI's alias of the OpenAI route
     app.router.add_post("/embed", tei_embed)
+    app.router.add_post("/embed_all", tei_embed_all)
     # text-embeddings-inference's other entry points, as its router serves them for an
     # embedding model: health, the SageMaker/Vertex-style root and /invocations, tokenizer
     # routes and sentence similarity; the ones for other kinds of model answer 424 as TEI does.

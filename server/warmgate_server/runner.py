@@ -17,6 +17,7 @@ import numpy as np
 from warmgate_contract.shapes import Shape
 
 from .errors import InputTooLong
+from .faults import FaultInjector
 from .loading import LoadedModel
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ class ModelRunner:
         if self.packed is None and loaded.model is None:
             raise ValueError("the padded forward pass needs a model loaded with --packing off")
         self._executed: set[tuple[int, Shape]] = set()
+        self.faults: FaultInjector | None = None
+        """Test-only fault injection (faults.py); None in normal operation."""
 
     def tokenize(
         self,
@@ -178,13 +181,18 @@ class ModelRunner:
         ids = self.tokenize([text], truncate=True, max_length=shape.seq_len)[0]
         return [ids] * shape.batch_size
 
-    def execute(self, batch: Sequence[Sequence[int]], shape: Shape, worker: int = 0) -> BatchResult:
+    def execute(
+        self, batch: Sequence[Sequence[int]], shape: Shape, worker: int = 0, pool: bool = True
+    ) -> BatchResult:
         """Run one padded batch of `shape` in model worker `worker`'s thread; the first
         `len(batch)` rows are real inputs. A shape is warm per worker: each thread has its own
-        allocator arena, BLAS buffers and thread team."""
+        allocator arena, BLAS buffers and thread team. `pool=False`: the vectors are every real
+        token's last hidden state, the inputs' tokens one after another (/embed_all)."""
         started, cpu_started = time.perf_counter(), time.thread_time()
         first_time = (worker, shape) not in self._executed
-        vectors = self._forward(batch, shape)
+        if self.faults is not None:
+            self.faults.before_forward()
+        vectors = self._forward(batch, shape, pool)
         self._executed.add((worker, shape))
         return BatchResult(
             vectors,
@@ -193,13 +201,14 @@ class ModelRunner:
             cpu_seconds=time.thread_time() - cpu_started,
         )
 
-    def _forward(self, batch: Sequence[Sequence[int]], shape: Shape) -> np.ndarray:
+    def _forward(self, batch: Sequence[Sequence[int]], shape: Shape, pool: bool) -> np.ndarray:
         import torch
 
         loaded = self.loaded
         if self.packed is not None:
+            pooling = self.pooling if pool else "none"
             with torch.inference_mode():
-                pooled = self.packed(batch, shape.seq_len, shape.batch_size, self.pooling)
+                pooled = self.packed(batch, shape.seq_len, shape.batch_size, pooling)
                 return pooled.numpy()
         count = len(batch)
         ids = np.full(shape, loaded.pad_token_id, dtype=np.int64)
@@ -220,6 +229,9 @@ class ModelRunner:
         with torch.inference_mode():
             output = loaded.model(**inputs)
             hidden = output[0][:count].float()
+            if not pool:
+                states = [hidden[row, : len(tokens)] for row, tokens in enumerate(batch)]
+                return torch.cat(states).cpu().numpy()
             if self.pooling == "cls":
                 pooled = hidden[:, 0]
             elif self.pooling == "last":  # inputs are right-padded: the last real token

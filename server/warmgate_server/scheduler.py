@@ -17,7 +17,7 @@ import numpy as np
 from warmgate_contract.report import ProfileEntry, render_profile
 from warmgate_contract.shapes import Shape
 
-from .errors import QueueFull
+from .errors import ModelFault, QueueFull
 from .metrics import Metrics
 from .runner import BatchResult
 from .shapes import ShapePolicy, bucket_for
@@ -100,6 +100,13 @@ class Scheduler:
     more_coming: Callable[[], bool] = lambda: True
     """Whether other requests are about to be queued (e.g. being tokenized). When none are,
     waiting for a fuller batch only adds latency."""
+    forward_timeout_s: float | None = None
+    """A batch running longer fails its requests (ModelFault, hung) and counts as a fault; its
+    worker stays taken until the pass really returns."""
+    on_fault: Callable[[str, bool], None] = lambda error, hung: None
+    """Called with (what went wrong, hung) for each failed or hung batch."""
+    on_success: Callable[[], None] = lambda: None
+    """Called for each batch that ran."""
     _pending: dict[int, deque[_Item]] = field(default_factory=dict)
     _arrival: asyncio.Event = field(default_factory=asyncio.Event)
     _order: itertools.count = field(default_factory=itertools.count)
@@ -260,19 +267,35 @@ class Scheduler:
         bucket = max(item.bucket for item in batch)  # the smallest bucket that holds them all
         shape = self.policy.shape_for(len(batch), bucket)
         started = time.monotonic()
+        running = asyncio.ensure_future(
+            self.execute([item.token_ids for item in batch], shape, worker)
+        )
         try:
-            result = await self.execute([item.token_ids for item in batch], shape, worker)
+            result = await asyncio.wait_for(asyncio.shield(running), self.forward_timeout_s)
         except asyncio.CancelledError:
+            running.cancel()
             for item in batch:
                 if not item.request.abandoned:
                     item.request.future.cancel()
             raise
+        except TimeoutError:
+            message = (
+                f"the forward pass of {shape.key} on worker {worker} is still running after "
+                f"{self.forward_timeout_s:g}s"
+            )
+            log.error("%s: failing its %d requests", message, len(batch))
+            self._fail(batch, ModelFault(message, hung=True))
+            self.on_fault(message, True)
+            # The thread is still busy: keep the worker taken until it returns.
+            await asyncio.gather(running, return_exceptions=True)
+            return
         except Exception as exc:
             log.exception("batch %s failed", shape.key)
-            for item in batch:
-                if not item.request.abandoned:
-                    item.request.future.set_exception(exc)
+            message = f"{type(exc).__name__}: {exc}"
+            self._fail(batch, ModelFault(f"the forward pass of {shape.key} failed: {message}"))
+            self.on_fault(message, False)
             return
+        self.on_success()
         if any(item.request.recorded for item in batch):
             self.served[shape] += 1
             real_tokens = sum(len(item.token_ids) for item in batch)
@@ -301,6 +324,12 @@ class Scheduler:
             request.remaining -= 1
             if request.remaining == 0:
                 request.future.set_result(Embedded(request.vectors, request.cold, request.timing))
+
+    @staticmethod
+    def _fail(batch: list[_Item], error: Exception) -> None:
+        for item in batch:
+            if not item.request.abandoned:
+                item.request.future.set_exception(error)
 
     def profile(self) -> dict[str, list[dict[str, int]]]:
         """The served shapes with counts, most frequent first (the warmup profile format)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -25,6 +25,8 @@ class Limits:
     default_normalize: bool
     vocab_size: int = 1 << 31
     auto_truncate: bool = False
+    token_ids: str = "model"
+    """Whose token ids inputs given as ids are: the model's, or an OpenAI encoding's name."""
 
 
 Input = str | list[int]
@@ -88,10 +90,20 @@ def _texts(value: object, field: str, limits: Limits) -> list[Input]:
         if isinstance(item, str):
             check_unicode(item, f"{field}[{index}]")
         if not isinstance(item, str) and not all(0 <= i < limits.vocab_size for i in item):
+            whose = (
+                "this model's vocabulary"
+                if limits.token_ids == "model"
+                else f"the {limits.token_ids} vocabulary"
+            )
             raise validation(
-                f"`{field}[{index}]` has token ids outside this model's vocabulary "
-                f"(0..{limits.vocab_size - 1}): token ids are the model's own, not another "
-                "tokenizer's",
+                f"`{field}[{index}]` has token ids outside {whose} "
+                f"(0..{limits.vocab_size - 1})"
+                + (
+                    ": token ids are the model's own, not another tokenizer's (the server "
+                    "takes OpenAI's with --openai-token-ids cl100k_base)"
+                    if limits.token_ids == "model"
+                    else ""
+                ),
                 "invalid_token_ids",
                 field,
             )
@@ -103,6 +115,27 @@ def _texts(value: object, field: str, limits: Limits) -> list[Input]:
             field,
         )
     return inputs
+
+
+def cap_text_lengths(request: EmbedRequest, max_chars: int, max_tokens: int) -> EmbedRequest:
+    """Texts over `max_chars` characters are far over the token limit: cut them there before
+    they reach the tokenizer when truncating (the kept end's tokens are unchanged, but for the
+    word cut in two, which the token limit drops anyway), refuse them otherwise."""
+    if all(not isinstance(text, str) or len(text) <= max_chars for text in request.texts):
+        return request
+    texts: list[Input] = []
+    for index, text in enumerate(request.texts):
+        if isinstance(text, str) and len(text) > max_chars:
+            if not request.truncate:
+                raise validation(
+                    f"input {index} has {len(text)} characters, far above the limit of "
+                    f"{max_tokens} tokens (at most {max_chars} characters are read): shorten "
+                    "it, or let the server truncate it",
+                    "input_too_long",
+                )
+            text = text[len(text) - max_chars :] if request.truncate_left else text[:max_chars]
+        texts.append(text)
+    return replace(request, texts=texts)
 
 
 def _optional_int(value: object, field: str) -> int | None:

@@ -17,6 +17,7 @@ ARGS = [
     "--max-batch-size", "4",
     "--max-batch-tokens", "512",
     "--served-model-name", "all-MiniLM-L6-v2",
+    "--body-timeout", "2",
 ]  # fmt: skip
 
 

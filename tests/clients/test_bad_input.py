@@ -6,14 +6,18 @@ server keeps serving."""
 from __future__ import annotations
 
 import json
+import socket
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 OPENAI_ROUTES = ("/v1/embeddings", "/embeddings")
-TEI_ROUTES = ("/embed", "/", "/invocations", "/tokenize", "/decode", "/similarity")
+TEI_ROUTES = ("/embed", "/embed_all", "/", "/invocations", "/tokenize", "/decode", "/similarity")
 
 text = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)
 scalars = st.none() | st.booleans() | st.integers() | st.floats() | text
@@ -86,3 +90,44 @@ def test_unicode_a_tokenizer_chokes_on(server) -> None:
         check(server, path, deep)
     status, _ = post(server.url + "/v1/embeddings", json.dumps({"input": "still here"}).encode())
     assert status == 200
+
+
+def test_a_slow_sender_gets_408_and_holds_nothing(server) -> None:
+    """A client that announces a body and stops sending it gets 408 after --body-timeout (2 s
+    here), on a closed connection, and others are served meanwhile."""
+    address = urllib.parse.urlsplit(server.url)
+    started = time.monotonic()
+    with socket.create_connection((address.hostname, address.port), timeout=30) as slow:
+        slow.sendall(
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n" + b'{"input": "only a part'
+        )
+        status, _ = post(server.url + "/embed", json.dumps({"inputs": "meanwhile"}).encode())
+        assert status == 200
+        answer = b""
+        while chunk := slow.recv(65536):  # the server closes the connection after answering
+            answer += chunk
+    waited = time.monotonic() - started
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer[:300]
+    error = json.loads(body)["error"]
+    assert error["code"] == "body_timeout" and "--body-timeout" in error["message"]
+    assert 2.0 <= waited < 20.0
+
+
+def test_a_huge_text_is_refused_or_cut_before_the_tokenizer(server) -> None:
+    """1.5 MB of text in one input: refused at once without truncation (the characters are
+    counted, not tokenized); with truncation cut first, with the same vector as its start."""
+    huge = "warm models answer fast " * 62_500
+    status, raw = post(server.url + "/v1/embeddings", json.dumps({"input": huge}).encode())
+    error = json.loads(raw)["error"]
+    assert status == 400 and error["code"] == "input_too_long", error
+    assert "characters" in error["message"]
+
+    def embed(text: str) -> np.ndarray:
+        body = {"inputs": text, "truncate": True}
+        status, raw = post(server.url + "/embed", json.dumps(body).encode())
+        assert status == 200, raw[:300]
+        return np.array(json.loads(raw)[0])
+
+    np.testing.assert_allclose(embed(huge), embed(huge[:3000]), atol=1e-6)

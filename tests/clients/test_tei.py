@@ -134,3 +134,19 @@ def test_bad_input_on_the_tei_routes(server, path, body, status, error_type) -> 
     got, error = call(server, path, body)
     assert (got, error["error_type"]) == (status, error_type), error
     assert error["error"]
+
+
+def test_embed_all_gives_every_tokens_vector_as_sentence_transformers(server) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(minilm_path()), device="cpu")
+    expected = model.encode(TEXTS, output_value="token_embeddings")
+    status, states = call(server, "/embed_all", {"inputs": TEXTS})
+    assert status == 200 and len(states) == len(TEXTS)
+    for got, want in zip(states, expected, strict=True):
+        want = want.numpy()
+        assert np.array(got).shape == want.shape  # (tokens with [CLS] and [SEP], 384)
+        np.testing.assert_allclose(np.array(got), want, atol=1e-4)
+    status, normalized = call(server, "/embed_all", {"inputs": TEXTS[0], "normalize": True})
+    assert status == 200
+    np.testing.assert_allclose(np.linalg.norm(np.array(normalized[0]), axis=1), 1.0, atol=1e-5)

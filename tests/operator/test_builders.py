@@ -152,6 +152,7 @@ def test_server_flags_follow_the_contract() -> None:
         "--max-batch-size=8",
         "--max-client-batch-size=2048",
         "--no-auto-truncate",
+        "--openai-token-ids=model",
         "--max-batch-tokens=1024",
         "--max-wait-ms=2",
         "--max-concurrent-requests=256",
@@ -162,6 +163,11 @@ def test_server_flags_follow_the_contract() -> None:
         "--pad-batch",
         "--warmup",
         "--drain-seconds=5",
+        "--request-timeout=60",
+        "--body-timeout=15",
+        "--forward-timeout=30",
+        "--fault-threshold=3",
+        "--fault-restart-seconds=30",
     ]
 
 

@@ -243,7 +243,12 @@ def test_examples_are_accepted_and_defaulted(devcluster: Any, crd: None, namespa
         "drainSeconds": 15,
     }
     # No startup timeout by default: the operator sizes it from the measured start.
-    assert spec["probes"] == {"periodSeconds": 5}
+    assert spec["probes"] == {
+        "periodSeconds": 5,
+        "forwardTimeoutSeconds": 30,
+        "faultThreshold": 3,
+        "faultRestartSeconds": 30,
+    }
     assert spec["warmup"]["sequenceBuckets"] == [32, 64, 128, 256]
     assert spec["autoscaling"]["scaleDown"]["stabilizationWindowSeconds"] == 300
 
