@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 from collections.abc import Sequence
 
 import kopf
 
+from . import metrics
 from .config import ConfigError, OperatorConfig, load_config
 from .handlers import register
+from .kube import KubeClient
+from .leader import LeaderElector
+
+log = logging.getLogger("warmgate.operator")
 
 
 def configure_logging(config: OperatorConfig) -> None:
@@ -23,6 +29,7 @@ def configure_logging(config: OperatorConfig) -> None:
         logging.getLogger("urllib3").setLevel(logging.WARNING)
         # kopf reports every watch event's handler at INFO: thousands of lines for pods.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    metrics.count_watch_restarts()
 
 
 def operator_identity() -> str:
@@ -32,6 +39,38 @@ def operator_identity() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
+def _lost() -> None:
+    """The Lease may be someone else's now: stop at once, writing nothing more. The container
+    restarts and this replica stands by again."""
+    log.error("leader election lost: exiting so that no two replicas write")
+    logging.shutdown()
+    os._exit(1)
+
+
+def _elect(config: OperatorConfig, identity: str) -> LeaderElector | None:
+    """Block until this replica holds the Lease; None when leader election is off, or when
+    it was asked to stop while standing by."""
+    client = KubeClient.from_environment(max_threads=1)
+    elector = LeaderElector(
+        client.call_sync,
+        config.lease_namespace,
+        config.lease_name,
+        identity,
+        lease_seconds=config.lease_seconds,
+        renew_deadline_seconds=config.renew_deadline_seconds,
+        retry_seconds=config.retry_seconds,
+        on_change=lambda leading: metrics.LEADER.set(1 if leading else 0),
+    )
+    previous = signal.signal(signal.SIGTERM, lambda *_: elector.release())
+    try:
+        if not elector.acquire():
+            return None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    elector.keep_renewing(_lost)
+    return elector
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(argv)
@@ -39,17 +78,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"warmgate-operator: {error}", file=sys.stderr)
         return 2
     configure_logging(config)
+    if config.http_bind is not None:
+        metrics.serve(*config.http_bind)
+    identity = operator_identity()
+    elector = None
+    if config.leader_elect:
+        elector = _elect(config, identity)
+        if elector is None:
+            return 0
+    else:
+        metrics.LEADER.set(1)
     registry = kopf.OperatorRegistry()
     register(registry)
-    kopf.run(
-        registry=registry,
-        standalone=True,
-        identity=operator_identity(),
-        clusterwide=config.clusterwide,
-        namespaces=config.namespaces,
-        liveness_endpoint=config.liveness_endpoint,
-        memo=kopf.Memo(config=config),
-    )
+    try:
+        kopf.run(
+            registry=registry,
+            standalone=True,
+            identity=identity,
+            clusterwide=config.clusterwide,
+            namespaces=config.namespaces,
+            liveness_endpoint=config.liveness_endpoint,
+            memo=kopf.Memo(
+                config=config, write_fence=elector.may_write if elector else None, on_fence=_lost
+            ),
+        )
+    finally:
+        if elector is not None:
+            elector.release()
     return 0
 
 

@@ -163,10 +163,16 @@ async def ensure(
         current = await client.get(kind, namespace, name)
     if current is not None:
         holder = controller_uid(current)
-        if holder is not None and holder != owner_uid:
+        if holder != owner_uid:
+            # Never taken over: not another owner's, and not one a person made by hand.
+            whose = (
+                f"is controlled by another owner (uid {holder})"
+                if holder is not None
+                else "is not warmgate's (it has no controller owner)"
+            )
             raise ChildConflict(
-                f"{kind.kind} {namespace}/{name} already exists and is controlled by another "
-                f"owner (uid {holder}); rename or delete it"
+                f"{kind.kind} {namespace}/{name} already exists and {whose}; warmgate does not "
+                "take it over: rename the EmbeddingService, or delete that object"
             )
     target = with_hash(desired)
     if current is not None and is_subset(target, current):

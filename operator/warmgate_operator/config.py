@@ -41,6 +41,11 @@ class OperatorConfig:
         every server pod lists in `imagePullSecrets`, for a server image in a private registry.
     hub_endpoint: the Hugging Face hub (or mirror) URL that hub-sourced pods download from
         when their spec names none (HF_ENDPOINT); None: huggingface.co.
+    leader_elect: hold a coordination Lease before operating (several replicas: one leads,
+        the others stand by and take over when it stops renewing).
+    lease_name, lease_namespace: the Lease (namespace: $POD_NAMESPACE, else `default`).
+    lease_seconds: how long a Lease nobody renews stays taken (takeover time after a crash).
+    http_address: host:port of the operator's own HTTP endpoint (/healthz, /metrics), or None.
     """
 
     default_image: str = DEFAULT_SERVER_IMAGE
@@ -53,8 +58,38 @@ class OperatorConfig:
     stats_file: str | None = None
     server_image_pull_secrets: tuple[str, ...] = ()
     hub_endpoint: str | None = None
+    leader_elect: bool = False
+    lease_name: str = "warmgate-operator"
+    lease_namespace: str = "default"
+    lease_seconds: float = 8.0
+    http_address: str | None = None
+
+    @property
+    def renew_deadline_seconds(self) -> float:
+        """A leader that has not renewed for this long stops writing (before the Lease can
+        expire for the others)."""
+        return self.lease_seconds * 0.625
+
+    @property
+    def retry_seconds(self) -> float:
+        return self.lease_seconds / 8
+
+    @property
+    def http_bind(self) -> tuple[str, int] | None:
+        if self.http_address is None:
+            return None
+        host, _, port = self.http_address.rpartition(":")
+        return host or "0.0.0.0", int(port)
 
     def __post_init__(self) -> None:
+        if not 2 <= self.lease_seconds <= 300:
+            raise ConfigError("--lease-seconds must be between 2 and 300")
+        if self.http_address is not None:
+            port = self.http_address.rpartition(":")[2]
+            if not port.isdigit() or not 0 <= int(port) <= 65535:
+                raise ConfigError(
+                    f"--http-address {self.http_address!r} must be HOST:PORT, e.g. 0.0.0.0:8081"
+                )
         if self.hub_endpoint is not None and not re.match(r"^https?://[^/\s]+", self.hub_endpoint):
             raise ConfigError(
                 f"--hub-endpoint {self.hub_endpoint!r} must be an http(s) URL, "
@@ -145,6 +180,28 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="Hugging Face hub or mirror URL for EmbeddingServices whose hub source names "
         "none (HF_ENDPOINT in the pods); default: huggingface.co",
     )
+    parser.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=str(twin("leader-elect", "false")).lower() in ("1", "true", "yes", "on"),
+        help="hold a coordination Lease before operating (run several replicas)",
+    )
+    parser.add_argument("--lease-name", default=twin("lease-name", defaults.lease_name))
+    parser.add_argument(
+        "--lease-namespace",
+        default=twin("lease-namespace", env.get("POD_NAMESPACE") or defaults.lease_namespace),
+    )
+    parser.add_argument(
+        "--lease-seconds",
+        type=float,
+        default=twin("lease-seconds", defaults.lease_seconds),
+        help="takeover time after the leader dies (it renews every eighth of it)",
+    )
+    parser.add_argument(
+        "--http-address",
+        default=twin("http-address", None),
+        help="serve /healthz and /metrics (Prometheus) here, e.g. 0.0.0.0:8081",
+    )
     return parser
 
 
@@ -176,6 +233,11 @@ def load_config(
             stats_file=args.stats_file or None,
             server_image_pull_secrets=pull_secrets,
             hub_endpoint=args.hub_endpoint or None,
+            leader_elect=bool(args.leader_elect),
+            lease_name=str(args.lease_name),
+            lease_namespace=str(args.lease_namespace),
+            lease_seconds=float(args.lease_seconds),
+            http_address=args.http_address or None,
         )
     except (TypeError, ValueError) as error:
         raise ConfigError(str(error)) from error

@@ -15,6 +15,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from . import metrics
+
 logger = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, name)
@@ -178,6 +180,8 @@ class Controller:
         except asyncio.CancelledError:
             raise
         except Exception:
+            metrics.RECONCILES.labels(result="error").inc()
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
             failures = self._failures.get(key, 0) + 1
             self._failures[key] = failures
             delay = min(MAX_BACKOFF_SECONDS, 2.0 ** min(failures, 10))
@@ -190,6 +194,8 @@ class Controller:
             self.enqueue_after(key, delay)
             return
         self.reconciles += 1
+        metrics.RECONCILES.labels(result="ok").inc()
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         if result.body is not None and key in self._bodies:
             self._remember(result.body)
         if result.requeue_after is not None:

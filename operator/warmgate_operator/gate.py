@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from warmgate_contract import flags
@@ -26,7 +27,7 @@ from warmgate_contract.names import (
     SPEC_HASH_ANNOTATION,
     WARMED_CONDITION,
 )
-from warmgate_contract.report import FAILED, READY, ReadyReport, ReportError
+from warmgate_contract.report import DRAINING, FAILED, READY, UNHEALTHY, ReadyReport, ReportError
 from warmgate_contract.shapes import Shape, plan_warmup
 
 
@@ -190,6 +191,20 @@ def evaluate_report(document: Any, expected: Expectation) -> Verdict:
     )
 
 
+WARM_STATE_KEPT = frozenset({READY, UNHEALTHY, DRAINING})
+"""Phases in which a verified process is still the warm process it was: a readiness blip, a
+model fault or a drain changes what kubelet's probe says, not what the gate verified."""
+
+
+def regressed(document: Any) -> bool:
+    """Whether a verified pod's report says its warm state may have changed: unreadable, or a
+    phase the verified process cannot be in (loading, warming, failed...)."""
+    try:
+        return ReadyReport.from_json(document).phase not in WARM_STATE_KEPT
+    except ReportError:
+        return True
+
+
 def check_same_files(verdict: Verdict, reference: Identity | None, holder: str) -> Verdict:
     """A passing verdict stays passed only when the pod loaded what the other pods of its
     template did (`reference`, first loaded by pod `holder`): the same revision can name other
@@ -257,6 +272,23 @@ def containers_ready(pod: Mapping[str, Any]) -> bool:
     statuses = pod.get("status", {}).get("containerStatuses", []) or []
     expected = len(pod.get("spec", {}).get("containers", []) or [])
     return bool(statuses) and len(statuses) == expected and all(s.get("ready") for s in statuses)
+
+
+def containers_ready_since(pod: Mapping[str, Any]) -> float | None:
+    """When the pod's ContainersReady condition last turned True (Unix time), or None."""
+    for item in pod.get("status", {}).get("conditions", []) or []:
+        if item.get("type") == "ContainersReady" and item.get("status") == "True":
+            stamp = item.get("lastTransitionTime")
+            if stamp:
+                try:
+                    return (
+                        datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")
+                        .replace(tzinfo=UTC)
+                        .timestamp()
+                    )
+                except ValueError:
+                    return None
+    return None
 
 
 def container_running(pod: Mapping[str, Any]) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -23,7 +24,7 @@ import aiohttp
 
 from warmgate_contract import names
 
-from . import gate
+from . import gate, metrics
 from .kube import POD
 
 log = logging.getLogger("warmgate.gate")
@@ -34,6 +35,10 @@ class GateConfig:
     """How the gatekeeper probes pods (operator-wide settings)."""
 
     report_timeout_seconds: float = 5.0
+    # The most bytes read of a pod's answer (a /ready report is a few kB), and the most pod
+    # calls in flight at once, whatever the number of pods.
+    max_report_bytes: int = 1 << 20
+    max_concurrent_calls: int = 32
     # Retry backoff for a pod whose report does not pass yet: first, factor, cap.
     backoff_initial_seconds: float = 1.0
     backoff_factor: float = 2.0
@@ -68,27 +73,53 @@ class ReportClient:
     def __init__(self, session: aiohttp.ClientSession, config: GateConfig) -> None:
         self._session = session
         self._config = config
+        self._slots = asyncio.Semaphore(config.max_concurrent_calls)
 
     async def report(self, host: str, port: int) -> tuple[int, Any]:
+        """GET /ready: (status, parsed JSON or None). Bounded in time, in bytes read and in
+        calls in flight; raises aiohttp.ClientError, TimeoutError or OSError."""
         timeout = aiohttp.ClientTimeout(total=self._config.report_timeout_seconds)
-        async with self._session.get(f"http://{host}:{port}/ready", timeout=timeout) as response:
+        async with self._slots:
             try:
-                body = await response.json(content_type=None)
-            except (ValueError, aiohttp.ContentTypeError):
-                body = None
-            return response.status, body
+                async with self._session.get(
+                    f"http://{host}:{port}/ready", timeout=timeout
+                ) as response:
+                    raw = await read_capped(response, self._config.max_report_bytes)
+                    status = response.status
+            except (aiohttp.ClientError, TimeoutError, OSError) as error:
+                metrics.POD_CALLS.labels(path="/ready", result=type(error).__name__).inc()
+                raise
+        metrics.POD_CALLS.labels(path="/ready", result=str(status)).inc()
+        try:
+            body = json.loads(raw) if raw else None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            body = None
+        return status, body
 
     async def time_request(self, host: str, port: int, batch_size: int) -> float:
         """Milliseconds for one `/embed` request of `batch_size` short inputs."""
         timeout = aiohttp.ClientTimeout(total=self._config.report_timeout_seconds)
         payload = {"inputs": [self._config.verify_text] * batch_size}
-        started = time.perf_counter()
-        async with self._session.post(
-            f"http://{host}:{port}/embed", json=payload, timeout=timeout
-        ) as response:
-            await response.read()
-            response.raise_for_status()
-        return (time.perf_counter() - started) * 1000.0
+        async with self._slots:
+            started = time.perf_counter()
+            async with self._session.post(
+                f"http://{host}:{port}/embed", json=payload, timeout=timeout
+            ) as response:
+                await read_capped(response, self._config.max_report_bytes)
+                metrics.POD_CALLS.labels(path="/embed", result=str(response.status)).inc()
+                response.raise_for_status()
+            return (time.perf_counter() - started) * 1000.0
+
+
+async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, or aiohttp.ClientPayloadError once it runs past `limit` bytes."""
+    chunks, size = [], 0
+    async for chunk in response.content.iter_chunked(65536):
+        size += len(chunk)
+        if size > limit:
+            raise aiohttp.ClientPayloadError(f"answer over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 @dataclass
@@ -236,11 +267,11 @@ class Gatekeeper:
         host = pod_address(pod)
         if not gate.containers_ready(pod):
             if verified:
-                verdict = gate.Verdict(
-                    False, names.REASON_NOT_READY, "the server stopped reporting ready"
-                )
-                await self._write(pod, verdict, restarts, existing)
-                return backoff, None
+                # A readiness blip (a CPU-starved probe, a model fault, a drain) is not a
+                # change of warm state: kubelet's probe takes the pod out and puts it back on
+                # its own, without waiting for this operator. Only a restart (above) or a
+                # regressed report closes the gate.
+                return await self._check_regression(pod, restarts, existing, backoff)
             if expected is None or host is None or not gate.container_running(pod):
                 # Not started yet; the next pod event wakes us.
                 return self._config.backoff_max_seconds, None
@@ -265,6 +296,8 @@ class Gatekeeper:
             verdict = gate.Verdict(False, names.REASON_UNREACHABLE, f"GET /ready failed: {error}")
             await self._write(pod, verdict, restarts, existing)
             return backoff, None
+        if verified and not gate.regressed(report):
+            return None, None  # still the verified process, in a warm state
         verdict = gate.evaluate_report(report, expected)
         if verdict.passed and self._verify_latency(pod) and verdict.probe_shape:
             verdict = await self._verify(host, expected.port, verdict)
@@ -278,6 +311,30 @@ class Gatekeeper:
         warning = f"{verdict.reason}\0{_name(pod)}: {verdict.message}"
         quiet = verdict.reason == names.REASON_NOT_READY
         return backoff, None if quiet else warning
+
+    async def _check_regression(
+        self,
+        pod: Mapping[str, Any],
+        restarts: int,
+        existing: Mapping[str, Any] | None,
+        backoff: float,
+    ) -> tuple[float | None, str | None]:
+        """A verified pod whose containers are not ready: close the gate only if its report
+        says the warm state changed; an unreachable pod is kubelet's business."""
+        expected, host = gate.expectation_for(pod), pod_address(pod)
+        if expected is None or host is None:
+            return backoff, None
+        try:
+            _, report = await self._reports.report(host, expected.port)
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return backoff, None
+        if not gate.regressed(report):
+            return backoff, None
+        verdict = gate.evaluate_report(report, expected)
+        if verdict.passed:  # cannot be: a regressed report does not pass
+            return backoff, None
+        await self._write(pod, verdict, restarts, existing)
+        return backoff, None
 
     async def _verify(self, host: str, port: int, verdict: gate.Verdict) -> gate.Verdict:
         assert verdict.probe_shape is not None
@@ -316,7 +373,11 @@ class Gatekeeper:
         meta = pod["metadata"]
         body = gate.status_patch(desired, meta.get("resourceVersion"))
         await self._writer.patch_status(meta["namespace"], meta["name"], body)
+        metrics.GATE_VERIFICATIONS.labels(reason=verdict.reason).inc()
         if verdict.passed:
+            ready_since = gate.containers_ready_since(pod)
+            if ready_since is not None:
+                metrics.GATE_LATENCY.observe(max(0.0, time.time() - ready_since))
             await self._events(pod, "Normal", verdict.reason, verdict.message)
 
 

@@ -26,7 +26,7 @@ from warmgate_contract.names import (
     VERSION,
 )
 
-from . import stats
+from . import metrics, stats
 from .config import OperatorConfig
 from .controller import Controller, Key
 from .events import EventRecorder
@@ -96,6 +96,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
         configure_settings(settings)
         config: OperatorConfig = memo.config
         client = KubeClient.from_environment(max_threads=config.workers)
+        client.write_fence = getattr(memo, "write_fence", None)
+        client.on_fence = getattr(memo, "on_fence", lambda: None)
+        metrics.API_REQUESTS.source = lambda: dict(client.requests)
+        memo.heartbeat_task = asyncio.create_task(_beat())
         specs = ParsedSpecs()
         reconciler = Reconciler.create(client, config, specs)
         controller = Controller(
@@ -120,6 +124,9 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        heartbeat: asyncio.Task[None] | None = getattr(memo, "heartbeat_task", None)
+        if heartbeat is not None:
+            heartbeat.cancel()
         for worker in (getattr(memo, "gatekeeper", None), getattr(memo, "observer", None)):
             if worker is not None:
                 await worker.close()
@@ -142,6 +149,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def embedding_service_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        metrics.WATCH_EVENTS.labels(resource=PLURAL).inc()
         deleted = event["type"] == "DELETED"
         memo.controller.observe(event["object"], deleted=deleted)
         meta = event["object"]["metadata"]
@@ -151,17 +159,26 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)
     async def deployment_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        metrics.WATCH_EVENTS.labels(resource="deployments").inc()
         key = owner_key(event["object"])
         if key is not None:
             memo.controller.enqueue_soon(key)
 
     @kopf.on.event("", "v1", "pods", labels=MANAGED, registry=registry)
     async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        metrics.WATCH_EVENTS.labels(resource="pods").inc()
         # The warm gate judges the pod; the owner's status follows the pod.
         memo.gatekeeper.observe(event.get("type"), event["object"])
         key = _owner_of_pod(event["object"])
         if key is not None:
             memo.controller.enqueue_soon(key)
+
+
+async def _beat() -> None:
+    """The event loop's heartbeat, for /healthz."""
+    while True:
+        metrics.HEARTBEAT.beat()
+        await asyncio.sleep(2.0)
 
 
 def _start_gatekeeper(memo: kopf.Memo, client: KubeClient, recorder: EventRecorder) -> Gatekeeper:

@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -65,15 +65,24 @@ class ApiError(Exception):
         self.message = message
 
 
+class NotLeader(ApiError):
+    """A write refused because this replica may no longer hold the leader Lease."""
+
+
 class KubeClient:
     """Raw-dict Kubernetes API calls, counted by method and resource (`PATCH deployments`,
-    `PATCH embeddingservices/status`) for the benchmark and the tests."""
+    `PATCH embeddingservices/status`) for the benchmark and the tests.
+
+    `write_fence`, when set, is asked before every write: a replica that may have lost its
+    leader Lease writes nothing (`on_fence` is called and the write raises NotLeader)."""
 
     def __init__(self, api_client: k8s_client.ApiClient, max_threads: int = 8) -> None:
         self._api = api_client
         self._api.user_agent = USER_AGENT
         self._executor = ThreadPoolExecutor(max_threads, thread_name_prefix="kube")
         self.requests: Counter[str] = Counter()
+        self.write_fence: Callable[[], bool] | None = None
+        self.on_fence: Callable[[], None] = lambda: None
 
     @classmethod
     def from_environment(cls, max_threads: int = 8) -> KubeClient:
@@ -125,6 +134,10 @@ class KubeClient:
             return None
         return json.loads(data)
 
+    def call_sync(self, method: str, path: str, body: Any = None) -> Any:
+        """One call from a thread of the caller's own (leader election); not fenced."""
+        return self._call(method, path, body, (), None)
+
     async def request(
         self,
         method: str,
@@ -133,6 +146,9 @@ class KubeClient:
         query: Sequence[tuple[str, str]] = (),
         content_type: str | None = None,
     ) -> Any:
+        if method in WRITE_METHODS and self.write_fence is not None and not self.write_fence():
+            self.on_fence()
+            raise NotLeader(0, "NotLeader", f"{method} {path}: this replica is not the leader")
         self.requests[f"{method} {_resource_of(path)}"] += 1
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(

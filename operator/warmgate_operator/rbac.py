@@ -28,6 +28,11 @@ def cluster_rules() -> list[dict[str, Any]]:
     return [dict(rule) for rule in _rules()["cluster"]]
 
 
+def leader_election_rules() -> list[dict[str, Any]]:
+    """Rules in the operator's own namespace for its leader Lease."""
+    return [dict(rule) for rule in _rules()["leaderElection"]]
+
+
 def cluster_role(name: str = ROLE_NAME) -> dict[str, Any]:
     """A ClusterRole with every rule, for an operator that watches all namespaces."""
     return {

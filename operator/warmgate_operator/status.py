@@ -250,6 +250,17 @@ def degraded_condition(facts: Facts) -> Condition:
     return Condition("Degraded", "False", "AsExpected", "")
 
 
+CONFLICT_REASON = "ChildConflict"
+
+
+def conflict_condition(facts: Facts) -> Condition:
+    """Conflict: an object of a child's name exists that this EmbeddingService does not own
+    (another owner's, or nobody's); warmgate never takes it over."""
+    if facts.problem is not None and facts.problem.reason == CONFLICT_REASON:
+        return Condition("Conflict", "True", "ChildExists", facts.problem.message)
+    return Condition("Conflict", "False", "NoConflict", "")
+
+
 def progressing_condition(facts: Facts) -> Condition:
     """Progressing: is the Deployment moving towards the spec?"""
     f = facts
@@ -351,6 +362,7 @@ def evaluate(
         progressing_condition(facts),
         warmed_condition(facts),
         degraded_condition(facts),
+        conflict_condition(facts),
     ]
     return counts, conditions
 

@@ -95,7 +95,12 @@ def test_default_install_is_cluster_wide_with_exactly_the_operators_rights(helm)
     rbac = yaml.safe_load((ROOT / "operator" / "warmgate_operator" / "rbac.yaml").read_text())
     (role,) = by_kind(docs, "ClusterRole")
     assert role["rules"] == rbac["namespaced"] + rbac["cluster"]
-    assert not by_kind(docs, "Role")
+    # The one Role: the leader Lease, in the release's namespace.
+    (leases,) = by_kind(docs, "Role")
+    assert leases["metadata"]["namespace"] == "warmgate-system"
+    assert leases["rules"] == rbac["leaderElection"]
+    (lease_binding,) = by_kind(docs, "RoleBinding")
+    assert lease_binding["roleRef"]["name"] == leases["metadata"]["name"]
     (binding,) = by_kind(docs, "ClusterRoleBinding")
     (account,) = by_kind(docs, "ServiceAccount")
     assert binding["subjects"][0]["name"] == account["metadata"]["name"]
@@ -104,7 +109,7 @@ def test_default_install_is_cluster_wide_with_exactly_the_operators_rights(helm)
 def test_watching_namespaces_uses_roles_there(helm):
     docs = render(helm, "watchNamespaces={team-a,team-b}")
     rbac = yaml.safe_load((ROOT / "operator" / "warmgate_operator" / "rbac.yaml").read_text())
-    roles = by_kind(docs, "Role")
+    roles = [r for r in by_kind(docs, "Role") if not r["metadata"]["name"].endswith("-election")]
     assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
     assert all(role["rules"] == rbac["namespaced"] for role in roles)
     (discovery,) = by_kind(docs, "ClusterRole")
@@ -114,11 +119,18 @@ def test_watching_namespaces_uses_roles_there(helm):
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
 
 
-def test_operator_deployment_is_single_restricted_and_probed(helm):
-    (deployment,) = by_kind(render(helm), "Deployment")
+def test_operator_deployment_is_replicated_restricted_and_probed(helm):
+    docs = render(helm)
+    (deployment,) = by_kind(docs, "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    # Two replicas, one leading at a time (the Lease), replaced one by one, and a budget
+    # that keeps a node drain from taking both.
+    assert spec["replicas"] == 2
+    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    (budget,) = by_kind(docs, "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"] == spec["selector"]
+    assert not by_kind(render(helm, "replicaCount=1"), "PodDisruptionBudget")
     pod = spec["template"]["spec"]
     container = pod["containers"][0]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -126,9 +138,28 @@ def test_operator_deployment_is_single_restricted_and_probed(helm):
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert "--liveness-endpoint=http://0.0.0.0:8081/healthz" in container["args"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert "--http-address=0.0.0.0:8081" in container["args"]
+    assert "--leader-elect" in container["args"]
+    env = {item["name"]: item for item in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert "--default-image=ghcr.io/warmgate/warmgate-server:0.1.0" in container["args"]
+
+
+def test_pod_monitors_are_off_by_default_and_scrape_both_when_on(helm):
+    assert not [doc for doc in render(helm) if doc["kind"] == "PodMonitor"]
+    docs = render(
+        helm, "metrics.operatorPodMonitor.enabled=true", "metrics.serverPodMonitor.enabled=true"
+    )
+    operator, servers = by_kind(docs, "PodMonitor")
+    (deployment,) = by_kind(docs, "Deployment")
+    assert operator["spec"]["selector"] == deployment["spec"]["selector"]
+    assert operator["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+    assert servers["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/managed-by": "warmgate"
+    }
+    assert servers["spec"]["namespaceSelector"] == {"any": True}
+    assert servers["spec"]["podMetricsEndpoints"][0]["path"] == "/metrics"
 
 
 @pytest.mark.parametrize(
@@ -139,6 +170,9 @@ def test_operator_deployment_is_single_restricted_and_probed(helm):
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("watchNamespaces={Team_A}", "watchNamespaces"),
         ("healthPort=70000", "healthPort"),
+        ("replicaCount=0", "replicaCount"),
+        ("leaseSeconds=1", "leaseSeconds"),
+        ("metrics.operatorPodMonitor.interval=often", "interval"),
         ("unknownValue=1", "unknownValue"),
         ("serverImagePullSecrets={Reg_Cred}", "serverImagePullSecrets"),
     ],
@@ -156,7 +190,9 @@ DEFAULT_OPERATOR_SETTINGS = {
     "log_level": "INFO",
     "resync_seconds": 60.0,
     "workers": 8,
-    "liveness_endpoint": "http://0.0.0.0:8081/healthz",
+    "http_address": "0.0.0.0:8081",
+    "leader_elect": True,
+    "lease_seconds": 8.0,
     "default_image": "ghcr.io/warmgate/warmgate-server:0.1.0",
 }
 
@@ -175,6 +211,7 @@ DEFAULT_OPERATOR_SETTINGS = {
                 "resyncSeconds=30",
                 "workers=4",
                 "healthPort=9000",
+                "leaseSeconds=15",
             ],
             {
                 "namespaces": ("team-a", "team-b"),
@@ -184,7 +221,8 @@ DEFAULT_OPERATOR_SETTINGS = {
                 "log_level": "DEBUG",
                 "resync_seconds": 30.0,
                 "workers": 4,
-                "liveness_endpoint": "http://0.0.0.0:9000/healthz",
+                "http_address": "0.0.0.0:9000",
+                "lease_seconds": 15.0,
             },
         ),
     ],
@@ -200,6 +238,6 @@ def test_the_operator_accepts_every_argument_the_chart_renders(helm, values, exp
     config = load_config(container["args"], env={})
     wanted = {**DEFAULT_OPERATOR_SETTINGS, **expected}
     assert {key: getattr(config, key) for key in wanted} == wanted
-    port = int(wanted["liveness_endpoint"].rsplit(":", 1)[1].split("/")[0])
-    assert container["ports"] == [{"name": "health", "containerPort": port}]
-    assert container["livenessProbe"]["httpGet"]["port"] == "health"
+    port = int(wanted["http_address"].rsplit(":", 1)[1])
+    assert container["ports"] == [{"name": "http", "containerPort": port}]
+    assert container["livenessProbe"]["httpGet"]["port"] == "http"

@@ -47,12 +47,16 @@ class Release:
     fullname: str
 
 
-def operator_pod(cluster: Any, namespace: str, release: str) -> dict[str, Any] | None:
+REPLICAS = 2  # the chart's default replicaCount
+
+
+def operator_pods(cluster: Any, namespace: str, release: str) -> list[dict[str, Any]] | None:
+    """The chart's operator pods, once all of them exist (None before)."""
     pods = get_json(
         cluster, "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}"
     )["items"]
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    return live[0] if len(live) == 1 else None
+    return live if len(live) == REPLICAS else None
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +90,10 @@ def server_pods(cluster: Any, namespace: str) -> list[dict[str, Any]]:
 def test_the_operator_image_runs_in_cluster_as_the_chart_configures_it(
     devcluster: Any, release: Release
 ) -> None:
-    pod = wait_until(
-        lambda: operator_pod(devcluster, release.namespace, release.name), 60, "operator pod"
+    pods = wait_until(
+        lambda: operator_pods(devcluster, release.namespace, release.name), 60, "operator pods"
     )
-    spec = pod["spec"]
+    spec = pods[0]["spec"]
     (container,) = spec["containers"]
     assert "command" not in container, "the image's ENTRYPOINT must run"
     assert container["image"] == OPERATOR.name and container["imagePullPolicy"] == "Never"
@@ -97,20 +101,30 @@ def test_the_operator_image_runs_in_cluster_as_the_chart_configures_it(
     assert spec["securityContext"]["runAsUser"] == 10001
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
 
-    # kubelet's liveness probe (kopf's health endpoint) passes, and it stays up: no restarts.
-    def settled() -> dict[str, Any] | None:
-        current = operator_pod(devcluster, release.namespace, release.name)
-        status = (current or {}).get("status", {}).get("containerStatuses") or [{}]
-        return current if status[0].get("ready") else None
+    # kubelet's liveness probe (the operator's /healthz, which a standby answers too) passes
+    # on both replicas, and they stay up: no restarts.
+    def settled() -> list[dict[str, Any]] | None:
+        current = operator_pods(devcluster, release.namespace, release.name) or []
+        statuses = [(p.get("status", {}).get("containerStatuses") or [{}])[0] for p in current]
+        return current if current and all(s.get("ready") for s in statuses) else None
 
-    pod = wait_until(settled, 120, "the operator container to run")
-    (status,) = pod["status"]["containerStatuses"]
-    assert status["restartCount"] == 0, operator_log(devcluster, release.namespace, release.name)
-    events = get_json(
-        devcluster, "events", "-n", release.namespace,
-        "--field-selector", f"involvedObject.name={pod['metadata']['name']}",
-    )["items"]  # fmt: skip
-    assert not [e for e in events if e.get("reason") == "Unhealthy"], events
+    pods = wait_until(settled, 120, "the operator containers to run")
+    for pod in pods:
+        (status,) = pod["status"]["containerStatuses"]
+        log = operator_log(devcluster, release.namespace, release.name)
+        assert status["restartCount"] == 0, log
+        events = get_json(
+            devcluster, "events", "-n", release.namespace,
+            "--field-selector", f"involvedObject.name={pod['metadata']['name']}",
+        )["items"]  # fmt: skip
+        assert not [e for e in events if e.get("reason") == "Unhealthy"], events
+    # One of them leads: it holds the Lease in the release's namespace (the chart's Role).
+    lease = wait_until(
+        lambda: get_json(devcluster, "lease", "warmgate-operator", "-n", release.namespace),
+        60,
+        "the leader Lease",
+    )
+    assert lease["spec"]["holderIdentity"] in {p["metadata"]["name"] for p in pods}
     # It talks to the apiserver as its ServiceAccount, through the in-cluster Service and DNS.
     messages = log_messages(operator_log(devcluster, release.namespace, release.name))
     assert messages, "the operator logs JSON lines (the chart's logFormat)"

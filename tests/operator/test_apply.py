@@ -95,6 +95,19 @@ async def test_ensure_refuses_objects_controlled_by_someone_else() -> None:
         await apply.ensure(client, SERVICE, desired().service)
 
 
+async def test_ensure_never_takes_over_an_object_made_by_hand() -> None:
+    client = FakeClient()
+    handmade = desired().service
+    del handmade["metadata"]["ownerReferences"]
+    handmade["spec"]["type"] = "LoadBalancer"
+    client.put(SERVICE, handmade)
+    writes = client.writes
+    with pytest.raises(apply.ChildConflict, match="no controller owner"):
+        await apply.ensure(client, SERVICE, desired().service)
+    assert client.writes == writes
+    assert client.find(SERVICE, "default", "minilm")["spec"]["type"] == "LoadBalancer"
+
+
 async def test_ensure_absent_deletes_only_own_children() -> None:
     client = FakeClient()
     await apply.ensure(client, HPA, desired(autoscaling={"enabled": True}).hpa)

@@ -135,6 +135,7 @@ def test_apply_creates_owned_children(devcluster: Any, namespace: str, operator:
         "Progressing",
         "Warmed",
         "Degraded",
+        "Conflict",
     }
     assert not es["metadata"].get("finalizers"), "the operator must not block deletion"
 

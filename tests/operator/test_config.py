@@ -80,3 +80,31 @@ def test_rbac_rules_cover_every_kind_the_operator_touches() -> None:
     role = rbac.cluster_role()
     assert role["kind"] == "ClusterRole"
     assert not any("*" in rule["verbs"] for rule in role["rules"])
+
+
+def test_leader_election_and_http_settings() -> None:
+    config = load_config(
+        ["--leader-elect", "--lease-seconds", "16", "--http-address", "0.0.0.0:9100"],
+        env={"POD_NAMESPACE": "warmgate-system"},
+    )
+    assert config.leader_elect and config.lease_namespace == "warmgate-system"
+    assert config.lease_name == "warmgate-operator"
+    # The leader stops writing well before the Lease can expire for the others.
+    assert config.retry_seconds == 2.0 and config.renew_deadline_seconds == 10.0
+    assert config.http_bind == ("0.0.0.0", 9100)
+    assert not load_config([], env={}).leader_elect
+    with pytest.raises(ConfigError, match="--lease-seconds"):
+        load_config(["--lease-seconds", "1"], env={})
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        load_config(["--http-address", "nowhere"], env={})
+
+
+def test_leader_election_rules_are_the_lease_only() -> None:
+    from warmgate_operator import rbac
+
+    (rule,) = rbac.leader_election_rules()
+    assert rule == {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "create", "update"],
+    }

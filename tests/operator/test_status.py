@@ -91,6 +91,7 @@ def test_all_ready_and_warmed() -> None:
         "Progressing",
         "Warmed",
         "Degraded",
+        "Conflict",
     ]
 
 
@@ -265,6 +266,7 @@ def test_recomputing_from_its_own_output_is_stable(
         "Progressing",
         "Warmed",
         "Degraded",
+        "Conflict",
     }
     assert first["readySummary"] == f"{ready}/{desired}"
 

@@ -1,0 +1,207 @@
+"""The gatekeeper's workers (gatekeeper.py) with the pod's answers and the API scripted: which
+changes close a verified gate and which do not, and that no error from the pod or the API leaves
+a pod unverified without a retry. (The pod and the API are stand-ins here because each case
+needs an exact failure at an exact moment; the cluster tests run the same code for real.)"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import pytest
+
+from warmgate_contract import names
+from warmgate_operator import gate
+from warmgate_operator.gatekeeper import GateConfig, Gatekeeper, read_capped
+from warmgate_operator.kube import ApiError
+
+from .test_gate import make_pod, make_report
+
+FAST = GateConfig(backoff_initial_seconds=0.01, backoff_max_seconds=0.05, recheck_seconds=0.05)
+
+
+class Reports:
+    """Answers GET /ready with a script: each item is a report dict, or an exception."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers = list(answers)
+        self.calls = 0
+
+    async def report(self, host: str, port: int) -> tuple[int, Any]:
+        self.calls += 1
+        answer = self.answers[min(self.calls - 1, len(self.answers) - 1)]
+        if isinstance(answer, BaseException):
+            raise answer
+        return (200 if answer.get("phase") == "ready" else 503), answer
+
+    async def time_request(self, host: str, port: int, batch_size: int) -> float:
+        return 1.0
+
+
+class Writer:
+    """Records status patches; the first `failures` raise the given API error."""
+
+    def __init__(self, failures: list[Exception] | None = None) -> None:
+        self.failures = list(failures or [])
+        self.patches: list[dict[str, Any]] = []
+
+    async def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        if self.failures:
+            raise self.failures.pop(0)
+        self.patches.append(body)
+
+    def statuses(self) -> list[tuple[str, str]]:
+        return [
+            (c["status"], c["reason"])
+            for body in self.patches
+            for c in body["status"]["conditions"]
+        ]
+
+
+async def no_events(pod: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+    return None
+
+
+def verified_pod(**kwargs: Any) -> dict:
+    """A pod whose gate the operator opened (restarts=0)."""
+    condition = {
+        "type": names.WARMED_CONDITION,
+        "status": "True",
+        "reason": names.REASON_VERIFIED,
+        "message": "12 shapes warm (restarts=0)",
+        "lastTransitionTime": "2026-11-29T10:00:05Z",
+    }
+    return make_pod(conditions=[condition], **kwargs)
+
+
+async def until(condition, seconds: float = 2.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        if condition():
+            return
+        assert asyncio.get_running_loop().time() < deadline, "not within the time"
+        await asyncio.sleep(0.01)
+
+
+async def run(keeper: Gatekeeper, pod: dict, condition, seconds: float = 2.0) -> None:
+    keeper.observe("MODIFIED", pod)
+    await until(condition, seconds)
+    await keeper.close()
+
+
+def keeper(reports: Reports, writer: Writer) -> Gatekeeper:
+    return Gatekeeper(writer=writer, reports=reports, events=no_events, config=FAST)
+
+
+async def test_a_readiness_blip_of_a_verified_pod_keeps_its_gate() -> None:
+    """The probe failed (a CPU-starved moment, a model fault): no restart, and the server's
+    report is still the warm process's. Nothing is written, so kubelet alone puts the pod back
+    as soon as its probe passes, operator or not."""
+    reports, writer = Reports(make_report(phase="unhealthy")), Writer()
+    gatekeeper = keeper(reports, writer)
+    await run(gatekeeper, verified_pod(ready=False), lambda: reports.calls >= 3)
+    assert writer.patches == []
+
+
+@pytest.mark.parametrize("phase", ["loading", "warming", "failed"])
+async def test_a_regressed_report_closes_the_gate(phase: str) -> None:
+    report = make_report(phase=phase, error="boom" if phase == "failed" else None)
+    reports, writer = Reports(report), Writer()
+    await run(keeper(reports, writer), verified_pod(ready=False), lambda: writer.patches)
+    assert writer.statuses()[0][0] == "False"
+
+
+async def test_a_restart_closes_the_gate_and_the_new_process_is_verified() -> None:
+    pod = verified_pod(restarts=1, started="2026-11-29T10:05:00Z")
+    reports, writer = Reports(make_report()), Writer()
+    gatekeeper = keeper(reports, writer)
+    gatekeeper.observe("MODIFIED", pod)
+    await until(lambda: writer.patches)
+    assert writer.statuses()[0] == ("False", names.REASON_RESTARTED)
+    # The pod as the API now has it: the condition False; the next look verifies it again.
+    reopened = copy.deepcopy(pod)
+    reopened["status"]["conditions"] = writer.patches[0]["status"]["conditions"]
+    gatekeeper.observe("MODIFIED", reopened)
+    await until(lambda: len(writer.patches) >= 2)
+    await gatekeeper.close()
+    assert writer.statuses()[1] == ("True", names.REASON_VERIFIED)
+    assert "(restarts=1)" in writer.patches[1]["status"]["conditions"][0]["message"]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        TimeoutError(),
+        aiohttp.ClientConnectionError("connection reset by peer"),
+        aiohttp.ClientPayloadError("answer over 1048576 bytes"),
+    ],
+)
+async def test_a_pod_that_does_not_answer_is_retried_until_it_does(error: Exception) -> None:
+    reports, writer = Reports(error, error, make_report()), Writer()
+    await run(
+        keeper(reports, writer),
+        make_pod(),
+        lambda: any(status == "True" for status, _ in writer.statuses()),
+    )
+    assert reports.calls >= 3
+    assert writer.statuses()[0] == ("False", names.REASON_UNREACHABLE)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        ApiError(429, "TooManyRequests", "slow down"),
+        ApiError(500, "InternalError", "etcd leader changed"),
+        ApiError(0, "", "connection reset"),
+        ApiError(409, "Conflict", "the object has been modified"),
+    ],
+)
+async def test_an_api_error_on_the_write_is_retried(failure: ApiError) -> None:
+    reports, writer = Reports(make_report()), Writer([failure, failure])
+    await run(keeper(reports, writer), make_pod(), lambda: writer.patches)
+    assert writer.statuses() == [("True", names.REASON_VERIFIED)]
+
+
+async def test_a_deleted_pod_stops_its_worker() -> None:
+    reports, writer = Reports(TimeoutError()), Writer()
+    gatekeeper = keeper(reports, writer)
+    pod = make_pod()
+    gatekeeper.observe("MODIFIED", pod)
+    await until(lambda: reports.calls >= 2)
+    gatekeeper.observe("DELETED", pod)
+    calls = reports.calls
+    await asyncio.sleep(0.2)
+    assert gatekeeper.active == 0 and reports.calls <= calls + 1
+    await gatekeeper.close()
+
+
+async def test_a_huge_answer_is_cut_off(aiohttp_server) -> None:
+    from aiohttp import web
+
+    async def huge(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for _ in range(64):
+            await response.write(b"x" * 65536)
+        return response
+
+    app = web.Application()
+    app.router.add_get("/ready", huge)
+    server = await aiohttp_server(app)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.make_url("/ready")) as response:
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await read_capped(response, 1 << 20)
+        async with session.get(server.make_url("/ready")) as response:
+            assert len(await read_capped(response, 8 << 20)) == 64 * 65536
+
+
+def test_regressed_reads_the_phase() -> None:
+    assert not gate.regressed(make_report(phase="ready"))
+    assert not gate.regressed(make_report(phase="unhealthy"))
+    assert not gate.regressed(make_report(phase="draining"))
+    assert gate.regressed(make_report(phase="warming"))
+    assert gate.regressed({"not": "a report"})
