@@ -31,7 +31,7 @@ from .config import OperatorConfig
 from .controller import Controller, Key
 from .events import EventRecorder
 from .gatekeeper import GateConfig, Gatekeeper, KubeClientStatusWriter, ReportClient
-from .kube import KubeClient
+from .kube import EMBEDDING_SERVICE, POD, KubeClient, ResourceKind
 from .observed import TrafficObserver
 from .reconcile import Reconciler
 from .spec import ParsedSpecs, SpecError
@@ -39,6 +39,8 @@ from .spec import ParsedSpecs, SpecError
 logger = logging.getLogger(__name__)
 
 MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+WATCHED_CHILDREN = (("apps", "v1", "deployments"), ("", "v1", "pods"))
 
 
 def owner_key(obj: Mapping[str, Any]) -> Key | None:
@@ -80,6 +82,10 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
     settings.persistence.diffbase_storage = NoDiffBase()
+    # Pods and Deployments are filtered by the apiserver: those of other workloads are never
+    # listed or streamed (the handlers' `labels=` filters alone would only drop them here).
+    for resource in WATCHED_CHILDREN:
+        settings.watching.label_selectors[resource] = MANAGED_SELECTOR
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
@@ -103,13 +109,18 @@ def register(registry: kopf.OperatorRegistry) -> None:
         specs = ParsedSpecs()
         reconciler = Reconciler.create(client, config, specs)
         controller = Controller(
-            reconciler, workers=config.workers, resync_seconds=config.resync_seconds
+            reconciler,
+            workers=config.workers,
+            resync_seconds=config.resync_seconds,
+            exists=lambda body: _exists(client, EMBEDDING_SERVICE, body),
+            on_gone=lambda body: _forget(memo, body),
         )
         controller.start()
         memo.client = client
         memo.controller = controller
         memo.specs = specs
         memo.gatekeeper = _start_gatekeeper(memo, client, recorder=EventRecorder(client))
+        metrics.WATCH_RESTART_HOOKS[:] = [lambda resource: _relisted(memo, resource)]
         memo.observer = TrafficObserver(client, memo.http, controller.body, specs)
         memo.stats_task = None
         if config.stats_file:
@@ -157,14 +168,14 @@ def register(registry: kopf.OperatorRegistry) -> None:
         if deleted:
             memo.specs.forget(meta.get("uid"))
 
-    @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)
+    @kopf.on.event(*WATCHED_CHILDREN[0], labels=MANAGED, registry=registry)
     async def deployment_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         metrics.WATCH_EVENTS.labels(resource="deployments").inc()
         key = owner_key(event["object"])
         if key is not None:
             memo.controller.enqueue_soon(key)
 
-    @kopf.on.event("", "v1", "pods", labels=MANAGED, registry=registry)
+    @kopf.on.event(*WATCHED_CHILDREN[1], labels=MANAGED, registry=registry)
     async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         metrics.WATCH_EVENTS.labels(resource="pods").inc()
         # The warm gate judges the pod; the owner's status follows the pod.
@@ -172,6 +183,28 @@ def register(registry: kopf.OperatorRegistry) -> None:
         key = _owner_of_pod(event["object"])
         if key is not None:
             memo.controller.enqueue_soon(key)
+
+
+async def _exists(client: KubeClient, kind: ResourceKind, body: Mapping[str, Any]) -> bool | None:
+    """Whether the object still exists with the same uid (a GET)."""
+    meta = body.get("metadata") or {}
+    current = await client.get(kind, meta.get("namespace", ""), meta.get("name", ""))
+    return current is not None and current["metadata"].get("uid") == meta.get("uid")
+
+
+def _forget(memo: kopf.Memo, body: Mapping[str, Any]) -> None:
+    meta = body["metadata"]
+    memo.observer.observe((meta["namespace"], meta["name"]), deleted=True)
+    memo.specs.forget(meta.get("uid"))
+
+
+def _relisted(memo: kopf.Memo, resource: str) -> None:
+    """A watch restarted: what it lists again says nothing of what was deleted meanwhile."""
+    name = resource.split(".", 1)[0]
+    if name == PLURAL:
+        memo.controller.relisted()
+    elif name == "pods":
+        memo.gatekeeper.relisted()
 
 
 async def _beat() -> None:
@@ -212,4 +245,5 @@ def _start_gatekeeper(memo: kopf.Memo, client: KubeClient, recorder: EventRecord
         events=record,
         config=config,
         verify_latency=verify_latency,
+        exists=lambda pod: _exists(client, POD, pod),
     )

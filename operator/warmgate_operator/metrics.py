@@ -114,12 +114,18 @@ class _WatchStarts(logging.Handler):
             resource = match.group(1)
             if resource in self.seen:
                 WATCH_RESTARTS.labels(resource=resource).inc()
+                for hook in WATCH_RESTART_HOOKS:
+                    hook(resource)
             self.seen.add(resource)
         root = logging.getLogger()
         if record.levelno >= root.getEffectiveLevel():
             for handler in root.handlers:
                 if record.levelno >= handler.level:
                     handler.handle(record)
+
+
+WATCH_RESTART_HOOKS: list[Callable[[str], None]] = []
+"""Called with the resource (kopf's name, e.g. `pods.v1`) each time its watch restarts."""
 
 
 def count_watch_restarts() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -23,11 +24,14 @@ from warmgate_contract.names import SERVER_PORT, SERVICE_LABEL
 from warmgate_contract.report import merge_profiles, parse_profile, render_profile
 
 from .controller import Key
+from .gatekeeper import read_capped
 from .kube import EMBEDDING_SERVICE, POD, ApiError
 from .spec import EmbeddingServiceSpec, ParsedSpecs, SpecError
 from .status import is_pod_ready
 
 log = logging.getLogger("warmgate.observed")
+
+MIN_REFRESH_SECONDS = 5.0
 
 
 def merged_shapes(profiles: Iterable[Any], max_shapes: int) -> list[dict]:
@@ -82,7 +86,11 @@ class TrafficObserver:
         session: aiohttp.ClientSession,
         bodies: Any,
         specs: ParsedSpecs | None = None,
+        port: int = SERVER_PORT,
+        max_bytes: int = 1 << 20,
     ) -> None:
+        self._port = port
+        self._max_bytes = max_bytes
         self._client = client
         self._session = session
         self._bodies = bodies  # callable: Key -> latest body or None
@@ -120,7 +128,7 @@ class TrafficObserver:
             if body is None:
                 return
             enabled, _, refresh = self._settings(body)
-            await asyncio.sleep(max(5.0, refresh))
+            await asyncio.sleep(max(MIN_REFRESH_SECONDS, refresh))
             if not enabled:
                 continue
             try:
@@ -135,13 +143,14 @@ class TrafficObserver:
         if not address:
             return None
         timeout = aiohttp.ClientTimeout(total=5)
-        url = f"http://{address}:{SERVER_PORT}{path}"
+        url = f"http://{address}:{self._port}{path}"
         try:
             async with self._session.get(url, timeout=timeout) as response:
                 if response.status != 200 and path != "/ready":
                     return None
-                return await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+                raw = await read_capped(response, self._max_bytes)
+            return json.loads(raw)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, RecursionError):
             return None
 
     async def collect(self, key: Key) -> bool:

@@ -141,3 +141,49 @@ async def test_the_echo_of_an_own_status_write_is_not_reconciled_again() -> None
         await wait_for(lambda: calls == ["1", "3"])
     finally:
         await controller.stop()
+
+
+async def test_after_a_relist_a_service_deleted_in_the_gap_is_forgotten_not_reconciled() -> None:
+    """A watch that expired (410) and relisted sends no DELETED for what went meanwhile: each
+    remembered EmbeddingService is confirmed (by its listing event, or a GET) before its next
+    reconcile, so no children are recreated for one that is gone."""
+    calls: list[str] = []
+    checked: list[str] = []
+    gone: list[str] = []
+    alive = {"kept": True, "listed": True, "deleted": False}
+
+    async def reconcile(obj: dict[str, Any]) -> Result:
+        calls.append(obj["metadata"]["name"])
+        return Result()
+
+    async def exists(obj: dict[str, Any]) -> bool:
+        checked.append(obj["metadata"]["name"])
+        return alive[obj["metadata"]["name"]]
+
+    controller = Controller(
+        reconcile,
+        workers=2,
+        resync_seconds=3600,
+        exists=exists,
+        on_gone=lambda obj: gone.append(obj["metadata"]["name"]),
+    )
+    controller.start()
+    try:
+        for name in alive:
+            controller.observe(body(name))
+        await wait_for(lambda: len(calls) == 3)
+        controller.relisted()
+        controller.observe(body("listed", rv=2))  # the relist's own event confirms it
+        await wait_for(lambda: calls.count("listed") == 2)
+        for name in ("kept", "deleted"):  # child events (a pod of it changed) ask for more
+            controller.enqueue(("ns", name))
+        await wait_for(lambda: calls.count("kept") == 2 and gone == ["deleted"])
+        await asyncio.sleep(0.05)
+        assert calls.count("deleted") == 1  # never again after the relist
+        assert sorted(checked) == ["deleted", "kept"]  # "listed" needed no GET
+        assert controller.body(("ns", "deleted")) is None
+        controller.enqueue(("ns", "kept"))
+        await wait_for(lambda: calls.count("kept") == 3)
+        assert sorted(checked) == ["deleted", "kept"]  # confirmed once is enough
+    finally:
+        await controller.stop()

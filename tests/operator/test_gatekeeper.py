@@ -205,3 +205,23 @@ def test_regressed_reads_the_phase() -> None:
     assert not gate.regressed(make_report(phase="draining"))
     assert gate.regressed(make_report(phase="warming"))
     assert gate.regressed({"not": "a report"})
+
+
+async def test_after_a_relist_a_pod_deleted_in_the_gap_stops_its_worker() -> None:
+    reports, writer = Reports(TimeoutError()), Writer()
+    existing = {"u1": False}
+
+    async def exists(pod: Mapping[str, Any]) -> bool:
+        return existing[pod["metadata"]["uid"]]
+
+    gatekeeper = Gatekeeper(
+        writer=writer, reports=reports, events=no_events, config=FAST, exists=exists
+    )
+    gatekeeper.observe("MODIFIED", make_pod())
+    await until(lambda: reports.calls >= 2)
+    gatekeeper.relisted()  # no event for u1 follows: it was deleted while the watch was down
+    await until(lambda: gatekeeper.active == 0)
+    calls = reports.calls
+    await asyncio.sleep(0.2)
+    assert reports.calls == calls  # nobody polls a deleted pod
+    await gatekeeper.close()

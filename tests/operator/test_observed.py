@@ -3,7 +3,19 @@ operator writes them."""
 
 from __future__ import annotations
 
-from warmgate_operator.observed import merged_shapes, status_patch, traffic_settings
+import asyncio
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from warmgate_operator.kube import ApiError
+from warmgate_operator.observed import (
+    TrafficObserver,
+    merged_shapes,
+    status_patch,
+    traffic_settings,
+)
 from warmgate_operator.spec import ParsedSpecs
 
 
@@ -70,8 +82,6 @@ def test_settings_default_like_the_crd_and_follow_warmup_enabled():
 
 
 async def test_the_observer_runs_one_loop_per_service_and_stops_it_on_delete():
-    from warmgate_operator.observed import TrafficObserver
-
     bodies = {("ns", "m"): body()}
     observer = TrafficObserver(client=None, session=None, bodies=bodies.get)
     observer.observe(("ns", "m"))
@@ -82,3 +92,121 @@ async def test_the_observer_runs_one_loop_per_service_and_stops_it_on_delete():
     observer.observe(("ns", "m"))
     await observer.close()
     assert observer._tasks == {}
+
+
+# ------------------------------------------------------ collection, with pods that misbehave
+class Api:
+    """The pod list and the status patch; `failures` are raised by the next patches."""
+
+    def __init__(self, pods, failures=()):
+        self.pods, self.failures, self.patches = pods, list(failures), []
+
+    async def list(self, kind, namespace, selector):
+        assert selector == "warmgate.dev/service=m"  # its own pods, filtered by the apiserver
+        return self.pods
+
+    async def json_patch(self, kind, namespace, name, operations, subresource=None):
+        if self.failures:
+            raise self.failures.pop(0)
+        self.patches.append(operations)
+
+
+def pod(address, ready=True):
+    condition = {"type": "Ready", "status": "True" if ready else "False"}
+    return {
+        "metadata": {"name": f"m-{address}", "namespace": "ns"},
+        "status": {"podIP": address, "conditions": [condition]},
+    }
+
+
+@pytest.fixture
+async def pods():
+    """Three server pods on their own loopback addresses (one port): one answers as the
+    contract says, one with a body far too big and a report that is not JSON, one that drops
+    the connection."""
+
+    async def good_profile(request):
+        return web.json_response(profile((1, 32, 10), (4, 64, 3)))
+
+    async def good_report(request):
+        return web.json_response({"phase": "ready", "warmup_seconds": 4.0})
+
+    async def huge(request):
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for _ in range(40):
+            await response.write(b"[" * 65536)
+        return response
+
+    async def garbage(request):
+        return web.Response(text="<html>not json</html>")
+
+    async def hang_up(request):
+        request.transport.close()
+        await asyncio.sleep(1)
+        return web.Response()
+
+    behaviours = [
+        (good_profile, good_report),
+        (huge, garbage),
+        (hang_up, hang_up),
+    ]
+    runners, port = [], 0
+    for index, (on_profile, on_ready) in enumerate(behaviours):
+        app = web.Application()
+        app.router.add_get("/warmup/profile", on_profile)
+        app.router.add_get("/ready", on_ready)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, f"127.0.0.{index + 2}", port)
+        await site.start()
+        port = port or runner.addresses[0][1]
+        runners.append(runner)
+    yield port
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def test_a_round_counts_the_pods_that_answer_and_survives_the_rest(pods) -> None:
+    api = Api([pod("127.0.0.2"), pod("127.0.0.3"), pod("127.0.0.4"), pod("127.0.0.5", False)])
+    async with aiohttp.ClientSession() as session:
+        observer = TrafficObserver(
+            api, session, {("ns", "m"): body(status={})}.get, port=pods, max_bytes=1 << 20
+        )
+        assert await observer.collect(("ns", "m")) is True
+    (operations,) = api.patches
+    written = {op["path"]: op["value"] for op in operations if op["op"] == "add"}
+    assert written["/status/observedShapes"] == profile((1, 32, 10), (4, 64, 3))["shapes"]
+    assert written["/status/warmupSeconds"] == 4.0
+
+
+@pytest.mark.parametrize(
+    ("failure", "outcome"),
+    [(ApiError(409, "Conflict", "modified"), False), (ApiError(404, "NotFound", "gone"), False)],
+)
+async def test_a_status_write_that_lost_a_race_waits_for_the_next_round(
+    pods, failure, outcome
+) -> None:
+    api = Api([pod("127.0.0.2")], failures=[failure])
+    async with aiohttp.ClientSession() as session:
+        observer = TrafficObserver(api, session, {("ns", "m"): body(status={})}.get, port=pods)
+        assert await observer.collect(("ns", "m")) is outcome
+        assert await observer.collect(("ns", "m")) is True  # the next round writes
+
+
+async def test_an_api_error_does_not_end_the_loop(pods, monkeypatch) -> None:
+    """A 500 or a dropped connection from the API fails one round; the loop goes on."""
+    monkeypatch.setattr("warmgate_operator.observed.MIN_REFRESH_SECONDS", 0.01)
+    failures = [ApiError(500, "InternalError", "etcd"), ApiError(0, "", "reset")]
+    api = Api([pod("127.0.0.2")], failures=failures)
+    service = body(status={})
+    service["spec"]["warmup"] = {"observedTraffic": {"refreshSeconds": 1}}
+    async with aiohttp.ClientSession() as session:
+        observer = TrafficObserver(api, session, {("ns", "m"): service}.get, port=pods)
+        observer.observe(("ns", "m"))
+        for _ in range(500):
+            if api.patches:
+                break
+            await asyncio.sleep(0.01)
+        await observer.close()
+    assert api.patches and not api.failures
