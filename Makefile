@@ -123,8 +123,9 @@ bench-server-infinity: ## Install Infinity into its own venv (~/.cache/warmgate/
 	$(HOME)/.cache/warmgate/infinity-venv/bin/pip install --quiet "infinity-emb[server,torch]"
 
 .PHONY: bench-operator
-bench-operator: install k8s-bin node-bin ## Reconcile 200 EmbeddingServices against a real apiserver
+bench-operator: install k8s-bin node-bin ## 200 EmbeddingServices, then a 200-pod gated rollout among 10,000 other pods
 	$(PY) bench/operator/bench_operator.py
+	$(PY) bench/operator/bench_gate.py
 
 .PHONY: bench-rollout
 bench-rollout: install k8s-bin node-bin ## A model reload under 20 req/s: failures, cold hits, p50/p99, rollout time
