@@ -80,9 +80,19 @@ def install_crd(cluster: Any) -> None:
         "apply", "--server-side", "--force-conflicts", "-f", str(crd), check=False
     )
     assert result.returncode == 0, f"CRD rejected: {result.stderr}"
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/embeddingservices.warmgate.dev"
-    )
+    # kubectl wait gives up at once on a passing discovery error (an aggregated API such as
+    # metrics.k8s.io still starting on a busy machine): ask again until the deadline.
+    deadline = time.monotonic() + 120
+    while True:
+        result = cluster.kubectl(
+            "wait", "--for=condition=Established", "--timeout=30s",
+            "crd/embeddingservices.warmgate.dev", check=False,
+        )  # fmt: skip
+        if result.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"CRD not Established: {result.stderr}")
+        time.sleep(1.0)
 
 
 def tiny_minilm(name: str = "minilm", image: str | None = None) -> dict[str, Any]:

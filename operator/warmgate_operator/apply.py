@@ -8,6 +8,7 @@ Either check failing leads to one apply; an unchanged spec costs reads only.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from kubernetes.utils import parse_quantity as kubernetes_quantity
 from .builders import content_hash
 from .config import FIELD_MANAGER
 from .kube import DEPLOYMENT, ResourceKind
+
+log = logging.getLogger("warmgate.apply")
 
 APPLIED_HASH_ANNOTATION = "warmgate.dev/applied-hash"
 # Keeps spec.replicas alive while ownership passes from warmgate to the HPA.
@@ -103,6 +106,45 @@ def is_subset(desired: Any, current: Any) -> bool:
     return _scalar_equal(desired, current)
 
 
+def difference(desired: Any, current: Any, path: str = "") -> str | None:
+    """The first field where `current` does not hold `desired` (is_subset's answer, located):
+    e.g. `spec.ports[http].port: 80 != 8080`; None when it does."""
+    if isinstance(desired, Mapping):
+        if not isinstance(current, Mapping):
+            return f"{path or '.'}: not an object"
+        for key, value in desired.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key not in current:
+                return f"{where}: missing"
+            found = difference(value, current[key], where)
+            if found:
+                return found
+        return None
+    if isinstance(desired, list):
+        if not isinstance(current, list):
+            return f"{path}: not a list"
+        if desired and all(isinstance(d, Mapping) and "name" in d for d in desired):
+            by_name = {c.get("name"): c for c in current if isinstance(c, Mapping)}
+            for item in desired:
+                where = f"{path}[{item['name']}]"
+                if item["name"] not in by_name:
+                    return f"{where}: missing"
+                found = difference(item, by_name[item["name"]], where)
+                if found:
+                    return found
+            return None
+        if len(desired) != len(current):
+            return f"{path}: {len(desired)} items != {len(current)}"
+        for index, (d, c) in enumerate(zip(desired, current, strict=True)):
+            found = difference(d, c, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    if _scalar_equal(desired, current):
+        return None
+    return f"{path}: {current!r} should be {desired!r}"
+
+
 def controller_uid(obj: Mapping[str, Any]) -> str | None:
     for ref in obj.get("metadata", {}).get("ownerReferences") or []:
         if ref.get("controller"):
@@ -177,6 +219,9 @@ async def ensure(
     target = with_hash(desired)
     if current is not None and is_subset(target, current):
         return ApplyOutcome(kind.kind, name, "unchanged", current)
+    if current is not None:
+        # Why a child is written again: drift, or a spec change (the hash annotation).
+        log.info("updating %s %s/%s: %s", kind.kind, namespace, name, difference(target, current))
     if (
         kind == DEPLOYMENT
         and current is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from decimal import Decimal
 
 import pytest
@@ -84,6 +85,15 @@ async def test_ensure_repairs_drift() -> None:
     outcome = await apply.ensure(client, SERVICE, desired().service)
     assert outcome.action == "updated"
     assert client.find(SERVICE, "default", "minilm")["spec"]["type"] == "ClusterIP"
+
+
+def test_difference_names_the_field_that_drifted() -> None:
+    desired = {"spec": {"type": "ClusterIP", "ports": [{"name": "http", "port": 80}]}}
+    assert apply.difference(desired, copy.deepcopy(desired)) is None
+    live = {"spec": {"type": "ClusterIP", "ports": [{"name": "http", "port": 8080}]}}
+    assert apply.difference(desired, live) == "spec.ports[http].port: 8080 should be 80"
+    assert apply.difference(desired, {"spec": {}}) == "spec.type: missing"
+    assert apply.difference({"cpu": "1000m"}, {"cpu": "1"}) is None  # canonical quantities
 
 
 async def test_ensure_refuses_objects_controlled_by_someone_else() -> None:

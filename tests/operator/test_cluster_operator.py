@@ -439,8 +439,10 @@ def test_idle_operator_writes_nothing(
         before, stats_before = versions(), stats_written_after(stats_file, time.time())
         time.sleep(3 * float(RESYNC) + 2)  # several resyncs
         stats_after = stats_written_after(stats_file, time.time())
-        assert versions() == before
-        assert child_writes(stats_after) == child_writes(stats_before)
+        # On a failure, the operator's log says which field it found different and wrote.
+        why = [m for m in (line.get("message", "") for line in op.log_lines()) if "updat" in m]
+        assert versions() == before, why[-10:]
+        assert child_writes(stats_after) == child_writes(stats_before), why[-10:]
         assert stats_after["reconciles"] > stats_before["reconciles"]  # it did look
     finally:
         op.stop()
