@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from warmgate_operator.kube import (
     CONFIGMAP,
     DEPLOYMENT,
@@ -35,3 +37,28 @@ def test_api_errors_carry_the_apiserver_message() -> None:
     assert (error.status, error.reason) == (422, "Invalid")
     assert "spec.replicas" in str(error)
     assert _api_error(502, b"<html>bad gateway</html>").message == "<html>bad gateway</html>"
+
+
+async def test_a_fenced_client_refuses_writes_and_says_so_but_still_reads() -> None:
+    """The leader's fence: once it may no longer hold the Lease, no write leaves the process
+    (the call never reaches the API) and `on_fence` is told; reads still go."""
+    from kubernetes import client as k8s_client
+
+    from warmgate_operator.kube import KubeClient, NotLeader
+
+    kube = KubeClient(k8s_client.ApiClient(k8s_client.Configuration()))
+    sent: list[str] = []
+    kube._call = lambda method, path, body, query, content_type: sent.append(method) or {}
+    fenced: list[bool] = []
+    leading = [True]
+    kube.write_fence = lambda: leading[0]
+    kube.on_fence = lambda: fenced.append(True)
+    try:
+        await kube.request("PATCH", DEPLOYMENT.path("ns", "x"), body={})
+        leading[0] = False
+        with pytest.raises(NotLeader):
+            await kube.request("PATCH", DEPLOYMENT.path("ns", "x"), body={})
+        await kube.request("GET", DEPLOYMENT.path("ns", "x"))
+    finally:
+        kube.close()
+    assert sent == ["PATCH", "GET"] and fenced == [True]
