@@ -97,26 +97,24 @@ API_REQUESTS = ApiRequests()
 REGISTRY.register(API_REQUESTS)
 
 
-class _WatchStarts(logging.Handler):
-    """Counts kopf's watch-stream starts per resource from its debug log (kopf has no hook):
-    each start after a resource's first is a restart (a 410 relist, a timeout, a dropped
-    connection). Records at or above the root logger's level are passed on as usual."""
+class _WatchRestarts(logging.Handler):
+    """Counts kopf's watch-stream restarts per resource from its debug log (kopf has no hook):
+    `Restarting the watch-stream for R` (a 410: the stream lists everything again) and
+    `Watch-stream for R ... is inactive, reconnecting`. Records at or above the root logger's
+    level are passed on as usual."""
 
-    _START = re.compile(r"^Starting the watch-stream for (\S+)")
+    _RESTART = re.compile(r"^(?:Restarting the watch-stream for|Watch-stream for) (\S+)")
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
-        self.seen: set[str] = set()
 
     def emit(self, record: logging.LogRecord) -> None:
-        match = self._START.match(record.getMessage())
+        match = self._RESTART.match(record.getMessage())
         if match:
             resource = match.group(1)
-            if resource in self.seen:
-                WATCH_RESTARTS.labels(resource=resource).inc()
-                for hook in WATCH_RESTART_HOOKS:
-                    hook(resource)
-            self.seen.add(resource)
+            WATCH_RESTARTS.labels(resource=resource).inc()
+            for hook in WATCH_RESTART_HOOKS:
+                hook(resource)
         root = logging.getLogger()
         if record.levelno >= root.getEffectiveLevel():
             for handler in root.handlers:
@@ -132,7 +130,8 @@ def count_watch_restarts() -> None:
     watching = logging.getLogger("kopf._cogs.clients.watching")
     watching.setLevel(logging.DEBUG)
     watching.propagate = False
-    watching.addHandler(_WatchStarts())
+    if not any(isinstance(handler, _WatchRestarts) for handler in watching.handlers):
+        watching.addHandler(_WatchRestarts())
 
 
 class Heartbeat:
