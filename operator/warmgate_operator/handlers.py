@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,25 @@ def _owner_of_pod(pod: Mapping[str, Any]) -> Key | None:
     meta = pod.get("metadata") or {}
     name = (meta.get("labels") or {}).get(SERVICE_LABEL)
     return (meta.get("namespace", ""), name) if name else None
+
+
+class Listings:
+    """Tells a relist from kopf's listing events (type None), which come in one burst each
+    time a watch lists its objects: one that arrives after a quiet gap, once a first listing
+    was seen, starts a relist (a 410, a reconnect): what it lists says nothing of what was
+    deleted meanwhile. (The watch-restart lines of kopf's log say the same, metrics.py; this
+    does not depend on their wording.)"""
+
+    def __init__(self, gap_seconds: float = 5.0, clock: Any = time.monotonic) -> None:
+        self._gap = gap_seconds
+        self._clock = clock
+        self._last: dict[tuple[str, str], float] = {}
+
+    def starts_relist(self, resource: str, namespace: str) -> bool:
+        now = self._clock()
+        last = self._last.get((resource, namespace))
+        self._last[(resource, namespace)] = now
+        return last is not None and now - last > self._gap
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -121,6 +141,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         memo.specs = specs
         memo.gatekeeper = _start_gatekeeper(memo, client, recorder=EventRecorder(client))
         metrics.WATCH_RESTART_HOOKS[:] = [lambda resource: _relisted(memo, resource)]
+        memo.listings = Listings()
         memo.observer = TrafficObserver(client, memo.http, controller.body, specs)
         memo.stats_task = None
         if config.stats_file:
@@ -161,9 +182,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def embedding_service_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         metrics.WATCH_EVENTS.labels(resource=PLURAL).inc()
+        meta = event["object"]["metadata"]
+        if event["type"] is None and memo.listings.starts_relist(PLURAL, meta["namespace"]):
+            memo.controller.relisted()
         deleted = event["type"] == "DELETED"
         memo.controller.observe(event["object"], deleted=deleted)
-        meta = event["object"]["metadata"]
         memo.observer.observe((meta["namespace"], meta["name"]), deleted=deleted)
         if deleted:
             memo.specs.forget(meta.get("uid"))
@@ -178,6 +201,9 @@ def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(*WATCHED_CHILDREN[1], labels=MANAGED, registry=registry)
     async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         metrics.WATCH_EVENTS.labels(resource="pods").inc()
+        namespace = event["object"]["metadata"].get("namespace", "")
+        if event.get("type") is None and memo.listings.starts_relist("pods", namespace):
+            memo.gatekeeper.relisted()
         # The warm gate judges the pod; the owner's status follows the pod.
         memo.gatekeeper.observe(event.get("type"), event["object"])
         key = _owner_of_pod(event["object"])
