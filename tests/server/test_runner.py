@@ -137,3 +137,25 @@ def test_packed_pass_equals_the_transformers_forward_pass_for_other_bert_configs
         from_model = PackedBert.from_model(model)(batch, 8, 4, pooling)
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(from_model, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_token_states_of_the_padded_and_packed_passes_agree(
+    loaded_minilm, loaded_minilm_padded, sentence_transformer
+) -> None:
+    """/embed_all's unpooled output (pool=False) from both forward passes: every real token's
+    state, inputs one after another, as sentence-transformers' token_embeddings."""
+    from warmgate_contract.shapes import Shape
+    from warmgate_server.runner import ModelRunner
+
+    texts = ["a warm model", "answers every request fast, even the first one"]
+    expected = sentence_transformer.encode(texts, output_value="token_embeddings")
+    for loaded in (loaded_minilm, loaded_minilm_padded):
+        runner = ModelRunner(loaded, "mean", 128, packed=loaded.packed is not None)
+        ids = runner.tokenize(texts)
+        result = runner.execute(ids, Shape(4, 32), pool=False)
+        assert result.vectors.shape == (sum(map(len, ids)), 384)
+        start = 0
+        for tokens, want in zip(ids, expected, strict=True):
+            got = result.vectors[start : start + len(tokens)]
+            np.testing.assert_allclose(got, want.numpy(), atol=1e-4)
+            start += len(tokens)
