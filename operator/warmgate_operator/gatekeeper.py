@@ -351,10 +351,7 @@ class Gatekeeper:
             return backoff, None
         if not gate.regressed(report):
             return backoff, None
-        verdict = gate.evaluate_report(report, expected)
-        if verdict.passed:  # cannot be: a regressed report does not pass
-            return backoff, None
-        await self._write(pod, verdict, restarts, existing)
+        await self._write(pod, gate.evaluate_report(report, expected), restarts, existing)
         return backoff, None
 
     async def _verify(self, host: str, port: int, verdict: gate.Verdict) -> gate.Verdict:

@@ -58,17 +58,12 @@ class LeaderElector:
     _record_seen: float = 0.0
     """Monotonic time this replica first saw that record: the Lease expires `lease_seconds`
     after it, on this replica's clock."""
-    _transitions: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         if not self.retry_seconds < self.renew_deadline_seconds < self.lease_seconds:
             raise ValueError("need retry < renew deadline < lease duration")
-
-    @property
-    def leading(self) -> bool:
-        return self.may_write()
 
     def may_write(self) -> bool:
         """True while this replica holds the Lease for sure: renewed within the deadline."""

@@ -153,7 +153,7 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
             runtime.metrics,
             runtime.model_threads,
             runtime.tokenizer_thread,
-            on_fault=lambda error, hung: lifecycle.model_fault(error),
+            on_fault=lifecycle.model_fault,
             on_success=lifecycle.model_ok,
             faults=runtime.faults,
         )

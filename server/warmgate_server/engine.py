@@ -32,11 +32,6 @@ from .warmup import SettleRule, should_stop, steady_seconds
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-MAX_CHARS_PER_TOKEN = 64
-"""Text averages 3 to 6 characters per token, so a text of 64 per token of the limit is far over
-it; the cap bounds the tokenizer's work on one huge text (a 2 MB body of one string) at a cost
-of at most a few milliseconds."""
-
 
 @dataclass(frozen=True)
 class Embeddings:
@@ -141,14 +136,6 @@ class Engine:
         return counted
 
     @property
-    def max_chars(self) -> int:
-        """The longest text taken to the tokenizer: MAX_CHARS_PER_TOKEN characters per token of
-        the input limit. Longer texts are cut there before tokenizing when truncating (no
-        token within the limit is lost) and refused otherwise, so one huge text cannot hold
-        the tokenizer thread."""
-        return self.max_input_length * MAX_CHARS_PER_TOKEN
-
-    @property
     def hidden_size(self) -> int:
         return self.loaded.hidden_size
 
@@ -186,14 +173,16 @@ class Engine:
         truncate: bool = False,
         truncate_left: bool = False,
         record: bool = True,
+        openai_ids: bool = False,
     ) -> Embeddings:
-        """Tokenize (tokenizer thread), batch, run (model thread). Raises InputTooLong."""
+        """Tokenize (tokenizer thread), batch, run (model thread). Raises InputTooLong, and
+        InvalidTokenIds for `openai_ids` inputs (OpenAI's ids, with --openai-token-ids)."""
         loop = asyncio.get_running_loop()
         self._tokenizing += 1
         started = time.monotonic()
         try:
             token_ids = await loop.run_in_executor(
-                self._tokenizer_thread, self.runner.tokenize, texts, truncate, truncate_left
+                self._tokenizer_thread, self._tokenize, texts, truncate, truncate_left, openai_ids
             )
         finally:
             self._tokenizing -= 1
@@ -207,6 +196,18 @@ class Engine:
             embedded.vectors, sum(map(len, token_ids)), embedded.cold, embedded.timing
         )
 
+    def _tokenize(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        truncate: bool,
+        truncate_left: bool,
+        openai_ids: bool,
+    ) -> list[list[int]]:
+        """In the tokenizer thread: OpenAI's ids back to text when asked, then the model's."""
+        if openai_ids and self.openai_ids is not None:
+            texts = self.openai_ids.texts(texts)
+        return self.runner.tokenize(texts, truncate, truncate_left)
+
     async def embed_all(
         self, texts: Sequence[str | Sequence[int]], truncate: bool, truncate_left: bool
     ) -> TokenStates:
@@ -215,7 +216,7 @@ class Engine:
         0 in planned shapes (inputs grouped by bucket), next to the batcher's batches."""
         loop = asyncio.get_running_loop()
         token_ids = await loop.run_in_executor(
-            self._tokenizer_thread, self.runner.tokenize, texts, truncate, truncate_left
+            self._tokenizer_thread, self._tokenize, texts, truncate, truncate_left, False
         )
         order = sorted(
             range(len(token_ids)),

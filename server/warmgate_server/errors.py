@@ -10,11 +10,20 @@ class ModelLoadError(RuntimeError):
 
 
 class InputTooLong(ValueError):
-    """An input above the token limit, with truncation off (the runner raises it)."""
+    """An input above the limit, with truncation off (the runner raises it): in tokens, or in
+    characters for a text too long to be worth tokenizing."""
 
-    def __init__(self, index: int, length: int, limit: int) -> None:
-        super().__init__(f"input {index} has {length} tokens, above the limit of {limit}")
-        self.index, self.length, self.limit = index, length, limit
+    def __init__(self, index: int, length: int, limit: int, unit: str = "tokens") -> None:
+        super().__init__(f"input {index} has {length} {unit}, above the limit of {limit}")
+        self.index, self.length, self.limit, self.unit = index, length, limit, unit
+
+
+class InvalidTokenIds(ValueError):
+    """Input `index`'s token ids are not ids of the encoding they were sent as."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 class ModelFault(RuntimeError):

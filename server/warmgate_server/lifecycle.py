@@ -58,7 +58,6 @@ class Lifecycle:
     fault_restart_seconds: float = 30.0
     """How long unhealthy may last before liveness fails (--fault-restart-seconds)."""
     fault_streak: int = 0
-    last_fault: str | None = None
     unhealthy_since: float | None = None
 
     @property
@@ -80,10 +79,9 @@ class Lifecycle:
             return True
         return time.monotonic() - self.unhealthy_since < self.fault_restart_seconds
 
-    def model_fault(self, error: str) -> None:
+    def model_fault(self, error: str, hung: bool = False) -> None:
         """A forward pass for traffic (or the health probe) raised or hung."""
         self.fault_streak += 1
-        self.last_fault = error
         if self.fault_streak >= self.fault_threshold and self.phase == READY:
             self.unhealthy_since = time.monotonic()
             self.error = (

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ModelLoadError
+from .errors import InvalidTokenIds, ModelLoadError
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,19 @@ class OpenAITokenIds:
     def decode(self, ids: Sequence[int]) -> str:
         """The text `ids` came from (bytes that do not form UTF-8 become U+FFFD)."""
         return self.encoding.decode(list(ids), errors="replace")
+
+    def texts(self, inputs: Sequence[str | Sequence[int]]) -> list[str | Sequence[int]]:
+        """Inputs given as this encoding's ids, as the texts they stand for (in the tokenizer
+        thread: a large request decodes for milliseconds). InvalidTokenIds names an input with
+        an id the encoding does not have."""
+        decoded: list[str | Sequence[int]] = []
+        for index, item in enumerate(inputs):
+            if isinstance(item, str):
+                decoded.append(item)
+                continue
+            try:
+                decoded.append(self.decode(item))
+            except KeyError as error:
+                message = f"`input[{index}]` has a token id that is not a {self.name} token"
+                raise InvalidTokenIds(index, f"{message}: {error}") from None
+        return decoded

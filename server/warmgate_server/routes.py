@@ -18,13 +18,11 @@ from . import __version__
 from .context import RUNTIME, Runtime
 from .draining import CLOSE_AFTER
 from .engine import Embeddings, Engine, TokenStates, finish_vectors
-from .errors import ApiError, InputTooLong, ModelFault, QueueFull, validation
+from .errors import ApiError, InputTooLong, InvalidTokenIds, ModelFault, QueueFull, validation
 from .metrics import CONTENT_TYPE
 from .schemas import (
     EmbedRequest,
-    Input,
     Limits,
-    cap_text_lengths,
     check_unicode,
     dumps,
     openai_response,
@@ -201,27 +199,6 @@ def _limits(runtime: Runtime, openai: bool = False) -> Limits:
     )
 
 
-def _openai_texts(engine: Engine, parsed: EmbedRequest) -> EmbedRequest:
-    """With --openai-token-ids cl100k_base: the texts OpenAI token ids stand for."""
-    decoder = engine.openai_ids
-    if decoder is None or all(isinstance(item, str) for item in parsed.texts):
-        return parsed
-    texts: list[Input] = []
-    for index, item in enumerate(parsed.texts):
-        if isinstance(item, str):
-            texts.append(item)
-            continue
-        try:
-            texts.append(decoder.decode(item))
-        except KeyError as error:
-            raise validation(
-                f"`input[{index}]` has a token id that is not a {decoder.name} token: {error}",
-                "invalid_token_ids",
-                "input",
-            ) from None
-    return replace(parsed, texts=texts)
-
-
 def _failed_batch(fault: ModelFault) -> ApiError:
     if fault.hung:
         return ApiError(504, f"the model did not answer: {fault}", "backend", "model_timeout")
@@ -231,8 +208,15 @@ def _failed_batch(fault: ModelFault) -> ApiError:
 
 
 async def _pooled(engine: Engine, parsed: EmbedRequest, warmup: bool) -> Embeddings:
-    return await engine.embed(
-        parsed.texts, parsed.truncate, parsed.truncate_left, record=not warmup
+    result = await engine.embed(
+        parsed.texts,
+        parsed.truncate,
+        parsed.truncate_left,
+        record=not warmup,
+        openai_ids=parsed.openai_ids,
+    )
+    return replace(
+        result, vectors=finish_vectors(result.vectors, parsed.dimensions, parsed.normalize)
     )
 
 
@@ -257,12 +241,8 @@ async def _embed(
     except ApiError as err:
         return web.json_response(error_body(err), status=status_of(err), headers=headers)
     try:
-        openai = parse is parse_openai
         body = await _read_json(request, runtime.config.payload_limit)
-        parsed = parse(body, _limits(runtime, openai))
-        if openai:
-            parsed = _openai_texts(engine, parsed)
-        parsed = cap_text_lengths(parsed, engine.max_chars, engine.max_input_length)
+        parsed = parse(body, _limits(runtime, openai=parse is parse_openai))
         timeout = runtime.config.request_timeout
         try:
             async with asyncio.timeout(timeout):
@@ -277,9 +257,11 @@ async def _embed(
             ) from None
         except ModelFault as fault:
             raise _failed_batch(fault) from None
+        except InvalidTokenIds as exc:
+            raise validation(str(exc), "invalid_token_ids", "input") from None
         except InputTooLong as exc:
             raise validation(
-                f"input {exc.index} has {exc.length} tokens, above the limit of {exc.limit}: "
+                f"input {exc.index} has {exc.length} {exc.unit}, above the limit of {exc.limit}: "
                 "shorten it"
                 + (" or send truncate=true" if parse is parse_tei else "")
                 + " (the server truncates instead with --auto-truncate)",
@@ -288,10 +270,7 @@ async def _embed(
         except QueueFull:
             message = "overloaded: the queue is full; retry later"
             raise ApiError(429, message, "overloaded", "overloaded") from None
-        if isinstance(result, Embeddings):
-            vectors = finish_vectors(result.vectors, parsed.dimensions, parsed.normalize)
-        else:
-            vectors = result.vectors
+        vectors = result.vectors  # finished: cut to `dimensions`, normalised as asked
         headers[COLD_HEADER] = "1" if result.cold else "0"
         encoded = dumps(render(runtime, parsed, (vectors, result.prompt_tokens)))
         seconds = time.perf_counter() - started
@@ -458,10 +437,10 @@ async def tei_similarity(request: web.Request) -> web.Response:
 async def tei_root(request: web.Request) -> web.Response:
     """POST / and /invocations: embed, or sentence similarity when `inputs` is an object with
     `source_sentence` (huggingface_hub's InferenceClient posts both tasks to the URL itself)."""
-    try:
-        body = json.loads(await request.read())
-    except (ValueError, UnicodeDecodeError, RecursionError, web.HTTPRequestEntityTooLarge):
-        body = None
+    try:  # under the same body deadline and limit as every route; cached for the one it picks
+        body = await _read_json(request, request.app[RUNTIME].config.payload_limit)
+    except ApiError as err:
+        return _tei_error(err)
     if isinstance(body, dict) and isinstance(body.get("inputs"), dict):
         return await tei_similarity(request)
     return await tei_embed(request)

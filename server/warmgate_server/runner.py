@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MAX_CHARS_PER_TOKEN = 64
+"""Text averages 3 to 6 characters per token, so a text of 64 per token of the limit is far over
+it: it is refused on its length, or cut there when truncating, before the tokenizer spends
+time on it (a 2 MB body of one string)."""
+
 # Text whose tokens fill warmup inputs. Real words, so the tokenizer path is the serving one.
 _WARMUP_TEXT = (
     "warmgate warms every shape of its plan before it reports ready, so that no user request "
@@ -93,6 +98,7 @@ class ModelRunner:
         left (start of the text).
         """
         limit = max_length or self.max_input_length
+        texts = self._cap_characters(texts, limit * MAX_CHARS_PER_TOKEN, truncate, truncate_left)
         strings = [text for text in texts if isinstance(text, str)]
         if self.prompt:
             strings = [self.prompt + text for text in strings]
@@ -119,6 +125,23 @@ class ModelRunner:
                 ids = ids[:head] + content + ids[len(ids) - tail :]
             result.append(ids)
         return result
+
+    @staticmethod
+    def _cap_characters(
+        texts: Sequence[str | Sequence[int]], cap: int, truncate: bool, truncate_left: bool
+    ) -> Sequence[str | Sequence[int]]:
+        if all(not isinstance(text, str) or len(text) <= cap for text in texts):
+            return texts
+        capped: list[str | Sequence[int]] = []
+        for index, text in enumerate(texts):
+            if isinstance(text, str) and len(text) > cap:
+                if not truncate:
+                    raise InputTooLong(index, len(text), cap, "characters")
+                # The kept end's tokens are the same, but for the word cut in two, which
+                # the token limit drops anyway.
+                text = text[len(text) - cap :] if truncate_left else text[:cap]
+            capped.append(text)
+        return capped
 
     @property
     def vocab_size(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,6 +41,8 @@ class EmbedRequest:
     truncate: bool = False
     truncate_left: bool = False
     base64: bool = False
+    openai_ids: bool = False
+    """Inputs given as ids are OpenAI's (decoded to text by the engine), not the model's."""
 
 
 def check_unicode(text: str, where: str) -> None:
@@ -115,27 +117,6 @@ def _texts(value: object, field: str, limits: Limits) -> list[Input]:
             field,
         )
     return inputs
-
-
-def cap_text_lengths(request: EmbedRequest, max_chars: int, max_tokens: int) -> EmbedRequest:
-    """Texts over `max_chars` characters are far over the token limit: cut them there before
-    they reach the tokenizer when truncating (the kept end's tokens are unchanged, but for the
-    word cut in two, which the token limit drops anyway), refuse them otherwise."""
-    if all(not isinstance(text, str) or len(text) <= max_chars for text in request.texts):
-        return request
-    texts: list[Input] = []
-    for index, text in enumerate(request.texts):
-        if isinstance(text, str) and len(text) > max_chars:
-            if not request.truncate:
-                raise validation(
-                    f"input {index} has {len(text)} characters, far above the limit of "
-                    f"{max_tokens} tokens (at most {max_chars} characters are read): shorten "
-                    "it, or let the server truncate it",
-                    "input_too_long",
-                )
-            text = text[len(text) - max_chars :] if request.truncate_left else text[:max_chars]
-        texts.append(text)
-    return replace(request, texts=texts)
 
 
 def _optional_int(value: object, field: str) -> int | None:
@@ -264,6 +245,7 @@ def parse_openai(body: object, limits: Limits) -> EmbedRequest:
         dimensions=_dimensions(fields.get("dimensions"), limits),
         truncate=limits.auto_truncate,
         base64=encoding == "base64",
+        openai_ids=limits.token_ids != "model",
     )
 
 
