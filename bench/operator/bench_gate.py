@@ -28,7 +28,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from bench_operator import Kubectl, peak_rss_mib, read_stats
+from bench_operator import Kubectl, peak_rss_mib, read_stats, run_and_report
 
 from warmgate_contract.names import SERVER_PORT, WARMED_CONDITION
 from warmgate_contract.report import READY, ReadyReport, WarmedShape
@@ -302,42 +301,13 @@ def run(args: argparse.Namespace, kubeconfig: str, bin_dir: Path, work: Path) ->
 
 
 def main() -> int:
-    args = parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-gate-"))
-    cluster = None
-    if args.kubeconfig:
-        from warmgate_devcluster.binaries import find_bin_dir
+    def checks(result: dict[str, Any]) -> dict[str, bool]:
+        return {
+            "peak_rss_mib": result["peak_rss_mib"] <= TARGETS["peak_rss_mib"],
+            "gate_p99_seconds": result["gate_latency_p99_seconds"] <= TARGETS["gate_p99_seconds"],
+        }
 
-        kubeconfig, bin_dir = args.kubeconfig, find_bin_dir()
-    else:
-        from warmgate_devcluster.cluster import DevCluster
-        from warmgate_devcluster.pytest_plugin import isolated_config, reserve_slot
-
-        cluster = DevCluster(isolated_config(work / "devcluster", reserve_slot()))
-        print("starting a devcluster ...", flush=True)
-        cluster.up(log=lambda *_: None)
-        kubeconfig, bin_dir = str(cluster.kubeconfig), cluster.bin_dir
-    try:
-        result = run(args, kubeconfig, Path(bin_dir), work)
-    finally:
-        if cluster is not None:
-            cluster.down(log=lambda *_: None)
-    checks = {
-        "peak_rss_mib": result["peak_rss_mib"] <= TARGETS["peak_rss_mib"],
-        "gate_p99_seconds": result["gate_latency_p99_seconds"] <= TARGETS["gate_p99_seconds"],
-    }
-    result["targets"] = TARGETS
-    result["meets_targets"] = checks
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    out = args.results_dir / f"gate-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(result, indent=2))
-    for key, value in result.items():
-        if key not in ("targets", "meets_targets"):
-            print(f"{key:32} {value}")
-    for key, ok in checks.items():
-        print(f"target {key:25} {'met' if ok else 'MISSED'} (<= {TARGETS[key]})")
-    print(f"results: {out}  (operator log: {work / 'operator.log'})")
-    return 0 if all(checks.values()) else 1
+    return run_and_report(parse_args(), run, "gate", TARGETS, checks)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from . import metrics
+from .relist import Confirmations, Exists
 
 logger = logging.getLogger(__name__)
 
@@ -47,13 +48,12 @@ class Controller:
         reconcile: Callable[[Mapping[str, Any]], Awaitable[Result]],
         workers: int = 8,
         resync_seconds: float = 60.0,
-        exists: Callable[[Mapping[str, Any]], Awaitable[bool | None]] | None = None,
+        exists: Exists | None = None,
         on_gone: Callable[[Mapping[str, Any]], None] = lambda body: None,
     ) -> None:
         self._reconcile = reconcile
-        self._exists = exists
+        self._confirmations = Confirmations(exists)
         self._on_gone = on_gone
-        self._unconfirmed: set[Key] = set()
         self._workers = workers
         self._resync_seconds = resync_seconds
         self._bodies: dict[Key, dict[str, Any]] = {}
@@ -72,7 +72,7 @@ class Controller:
     def observe(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         """An EmbeddingService was listed, added, changed or deleted."""
         key = key_of(body)
-        self._unconfirmed.discard(key)
+        self._confirmations.seen(key)
         if deleted:
             self._bodies.pop(key, None)
             self._failures.pop(key, None)
@@ -96,7 +96,7 @@ class Controller:
         listing says nothing of objects deleted in the gap, so each one remembered must be
         seen again, by an event or a GET, before it is reconciled (no children recreated for
         a deleted EmbeddingService)."""
-        self._unconfirmed = set(self._bodies)
+        self._confirmations.relisted(self._bodies)
 
     def enqueue(self, key: Key) -> None:
         """Ask for one reconcile of `key` soon (collapsed with any already pending)."""
@@ -177,7 +177,7 @@ class Controller:
             body = self._bodies.get(key)
             if body is None:
                 continue
-            if key in self._unconfirmed and not await self._confirm(key, body):
+            if not await self._confirm(key, body):
                 continue
             self._active.add(key)
             try:
@@ -189,19 +189,13 @@ class Controller:
                     self.enqueue(key)
 
     async def _confirm(self, key: Key, body: Mapping[str, Any]) -> bool:
-        """After a relist: does the remembered object still exist (same uid)?"""
-        if self._exists is None:
-            self._unconfirmed.discard(key)
-            return True
-        try:
-            alive = await self._exists(body)
-        except Exception as error:  # the API is away: keep it, look again next time
-            logger.warning("checking %s/%s after a relist: %s", *key, error)
+        """Whether to reconcile `key`: after a relist, only once it is known to still exist."""
+        alive = await self._confirmations.still_there(key, body)
+        if alive is None:  # the API is away: look again later
             self.enqueue_after(key, 5.0)
             return False
-        if key not in self._unconfirmed:  # an event confirmed (or deleted) it meanwhile
-            return key in self._bodies
-        self._unconfirmed.discard(key)
+        if key not in self._bodies:  # deleted by an event meanwhile
+            return False
         if alive is False:
             logger.info("%s/%s was deleted while the watch was down: forgetting it", *key)
             self.observe(body, deleted=True)

@@ -26,6 +26,7 @@ from warmgate_contract import names
 
 from . import gate, metrics
 from .kube import POD
+from .relist import Confirmations, Exists
 
 log = logging.getLogger("warmgate.gate")
 
@@ -139,10 +140,9 @@ class Gatekeeper:
         events: EventSink,
         config: GateConfig,
         verify_latency: Callable[[Mapping[str, Any]], bool] = lambda pod: False,
-        exists: Callable[[Mapping[str, Any]], Awaitable[bool | None]] | None = None,
+        exists: Exists | None = None,
     ) -> None:
-        self._exists = exists
-        self._unconfirmed: set[str] = set()
+        self._confirmations = Confirmations(exists)
         self._writer = writer
         self._reports = reports
         self._events = events
@@ -161,11 +161,11 @@ class Gatekeeper:
     def relisted(self) -> None:
         """The pod watch started again: a pod deleted in the gap sent no event, so each worker
         checks its pod still exists before its next call (unless an event comes first)."""
-        self._unconfirmed = set(self._workers)
+        self._confirmations.relisted(self._workers)
 
     def observe(self, event_type: str | None, pod: Mapping[str, Any]) -> None:
         uid = pod.get("metadata", {}).get("uid")
-        self._unconfirmed.discard(uid)
+        self._confirmations.seen(uid)
         if not uid or not gate.has_gate(pod):
             return
         if event_type == "DELETED" or pod.get("metadata", {}).get("deletionTimestamp"):
@@ -235,18 +235,10 @@ class Gatekeeper:
             assert worker.wake is not None
             worker.wake.clear()
             pod = worker.pod
-            if uid in self._unconfirmed and self._exists is not None:
-                try:
-                    alive = await self._exists(pod)
-                except Exception as error:  # the API is away: keep the worker, retry
-                    log.warning("checking pod %s after a relist: %s", _name(pod), error)
-                    alive = None
-                if alive is False:
-                    log.info("pod %s was deleted while the watch was down", _name(pod))
-                    self._stop(uid)
-                    return
-                if alive is True:
-                    self._unconfirmed.discard(uid)
+            if await self._confirmations.still_there(uid, pod) is False:
+                log.info("pod %s was deleted while the watch was down", _name(pod))
+                self._stop(uid)
+                return
             try:
                 delay, warning = await self._step(pod, backoff)
             except asyncio.CancelledError:
