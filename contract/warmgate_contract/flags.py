@@ -17,6 +17,15 @@ ENV_PREFIX = "WARMGATE_"
 _BOOL_TRUE = {"1", "true", "yes", "on"}
 _BOOL_FALSE = {"0", "false", "no", "off"}
 
+# The values the server accepts for its enumerated flags (--device also takes cuda:N). The
+# operator's CRD offers these, or the subset it can place a pod for.
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+POOLINGS = ("mean", "cls", "last")
+PACKINGS = ("auto", "on", "off")
+CUDA_GRAPHS = ("auto", "on", "off")
+TOKEN_ID_KINDS = ("model", "cl100k_base")
+
 
 def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
@@ -176,7 +185,29 @@ FLAGS: tuple[Flag, ...] = (
         30.0,
         "seconds of model faults without a good forward pass after which /healthz fails too",
     ),
+    Flag(
+        "--default-prompt-name",
+        "default_prompt_name",
+        str,
+        None,
+        "the model's prompt (config_sentence_transformers.json) put before every input",
+    ),
+    Flag("--default-prompt", "default_prompt", str, None, "a text put before every input"),
     Flag("--packing", "packing", str, "auto", "auto, on or off: padding-free linear layers"),
+    Flag(
+        "--cuda-graphs",
+        "cuda_graphs",
+        str,
+        "auto",
+        "auto, on or off: a CUDA graph per planned shape, captured during warmup",
+    ),
+    Flag(
+        "--tokenization-workers",
+        "tokenization_workers",
+        int,
+        None,
+        "threads that tokenize side by side (default: 1 on a CPU, up to 4 on a GPU)",
+    ),
     Flag("--model-workers", "model_workers", int, None, "forward passes at once, one thread each"),
     Flag("--torch-threads", "torch_threads", int, None, "CPU threads for torch per model worker"),
 )
@@ -210,8 +241,9 @@ def read_args(args: Sequence[str], environ: Mapping[str, str] | None = None) -> 
         if not item.startswith("--"):
             continue
         name, eq, text = item.partition("=")
-        negated = name.startswith("--no-") and f"--{name[5:]}" in BY_NAME
-        flag = BY_NAME.get(f"--{name[5:]}" if negated else name)
+        positive = BY_NAME.get(f"--{name[5:]}") if name.startswith("--no-") else None
+        negated = positive is not None and positive.is_bool
+        flag = positive if negated else BY_NAME.get(name)
         if flag is None:
             raise KeyError(f"{name} is not a server flag")
         if flag.is_bool and not eq:

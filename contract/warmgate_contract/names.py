@@ -16,17 +16,28 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 SERVICE_LABEL = "warmgate.dev/service"
 APP_NAME = "warmgate-server"
 MANAGED_BY = "warmgate"
+# The operator's own name: its objects' app.kubernetes.io/name, and the source of its Events.
+OPERATOR_NAME = "warmgate-operator"
+# The controller named in an Event's reportingComponent (events.k8s.io: a qualified name).
+REPORTING_COMPONENT = f"{GROUP}/operator"
 
 # Annotations on the server pods' template.
 SPEC_HASH_ANNOTATION = "warmgate.dev/spec-hash"
 MODEL_ID_ANNOTATION = "warmgate.dev/model-id"
 MODEL_REVISION_ANNOTATION = "warmgate.dev/model-revision"
 
+# On every child the operator applies: the hash of what it last applied (skips equal writes).
+APPLIED_HASH_ANNOTATION = "warmgate.dev/applied-hash"
+
 # The server container, its port, and the pod condition the operator owns (the readiness gate).
 SERVER_CONTAINER = "server"
 SERVER_PORT = 8080
 SERVER_PORT_NAME = "http"
 WARMED_CONDITION = "warmgate.dev/warmed"
+# With the warm gate off: the pod condition that records what the pod's server loaded (its
+# commit and weights digest), so status.model names the files that serve either way.
+LOADED_CONDITION = "warmgate.dev/loaded"
+REASON_LOADED = "ModelLoaded"
 
 # Reasons of the warmed condition (CamelCase, as Kubernetes API conventions ask).
 REASON_VERIFIED = "WarmupVerified"

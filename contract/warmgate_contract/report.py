@@ -27,6 +27,8 @@ class WarmedShape:
     shape: Shape
     steady_ms: float
     runs: int
+    seconds: float = 0.0
+    """Wall time spent warming this shape, first (cold) run included."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,9 @@ class ReadyReport:
     model_settings: Mapping[str, Any] | None = None
     """How the server embeds (pooling, normalize, prompts) and what chose each: a flag, the
     model folder's sentence-transformers files, or the default. None until loaded."""
+    forward: Mapping[str, Any] | None = None
+    """How forward passes run: warmgate's packed pass or the model's padded one, the attention,
+    and the CUDA graphs (mode, why off, how many, their device memory)."""
     commit: str | None = None
     """The hub commit the loaded files are from (None: a plain folder, or not loaded yet)."""
     weights_digest: str | None = None
@@ -88,7 +93,12 @@ class ReadyReport:
             "torch_threads": self.torch_threads,
             "planned_shapes": [shape.as_json() for shape in self.planned],
             "warmed_shapes": [
-                {**item.shape.as_json(), "steady_ms": round(item.steady_ms, 3), "runs": item.runs}
+                {
+                    **item.shape.as_json(),
+                    "steady_ms": round(item.steady_ms, 3),
+                    "runs": item.runs,
+                    "seconds": round(item.seconds, 3),
+                }
                 for item in self.warmed
             ],
             "progress": {"done": len(self.warmed), "total": len(self.planned)},
@@ -99,6 +109,7 @@ class ReadyReport:
             "started_at": self.started_at,
             "pid": self.pid,
             "model_settings": None if self.model_settings is None else dict(self.model_settings),
+            "forward": None if self.forward is None else dict(self.forward),
         }
 
     @classmethod
@@ -115,6 +126,7 @@ class ReadyReport:
                     Shape.from_json(item),
                     float(item.get("steady_ms") or 0.0),
                     int(item.get("runs") or 0),
+                    float(item.get("seconds") or 0.0),
                 )
                 for item in document["warmed_shapes"]
             )
@@ -135,6 +147,7 @@ class ReadyReport:
                 workers=document.get("workers"),
                 torch_threads=document.get("torch_threads"),
                 model_settings=document.get("model_settings"),
+                forward=document.get("forward"),
                 commit=model.get("commit"),
                 weights_digest=model.get("weights_digest"),
                 download=document.get("download"),

@@ -96,12 +96,12 @@ async def _threads(app: web.Application) -> AsyncIterator[None]:
     thread plan is known) and one tokenizer thread."""
     runtime = app[RUNTIME]
     runtime.model_threads = [ThreadPoolExecutor(1, thread_name_prefix="warmgate-model-0")]
-    runtime.tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="warmgate-tokenizer")
+    runtime.tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="warmgate-tokenizer")
     yield
     # A forward pass in progress cannot be interrupted; do not wait for it here.
     for executor in runtime.model_threads:
         executor.shutdown(wait=False, cancel_futures=True)
-    runtime.tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+    runtime.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _bring_up(preloaded: LoadedModel | None, settle_rule: SettleRule):
@@ -118,7 +118,7 @@ def _bring_up(preloaded: LoadedModel | None, settle_rule: SettleRule):
 
 async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRule) -> None:
     config, lifecycle = runtime.config, runtime.lifecycle
-    assert runtime.model_threads and runtime.tokenizer_thread is not None
+    assert runtime.model_threads and runtime.tokenizer_pool is not None
     try:
         loaded = preloaded
         if loaded is None:
@@ -146,19 +146,27 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
             runtime.model_threads.append(
                 ThreadPoolExecutor(1, thread_name_prefix=f"warmgate-model-{worker}")
             )
+        if threads.tokenizers > 1:  # nothing has been tokenized yet: no request is served
+            single = runtime.tokenizer_pool
+            runtime.tokenizer_pool = ThreadPoolExecutor(
+                threads.tokenizers, thread_name_prefix="warmgate-tokenizer"
+            )
+            single.shutdown(wait=False)
+        runtime.tokenization_workers = threads.tokenizers
         engine = Engine(
             config,
             loaded,
             runtime.plan,
             runtime.metrics,
             runtime.model_threads,
-            runtime.tokenizer_thread,
+            runtime.tokenizer_pool,
             on_fault=lifecycle.model_fault,
             on_success=lifecycle.model_ok,
             faults=runtime.faults,
         )
         lifecycle.device, lifecycle.dtype = loaded.device_name, loaded.dtype_name
         lifecycle.model_settings = engine.settings.as_json()
+        lifecycle.forward = engine.forward_report
         log.info(
             "pooling %s (%s), normalize %s (%s)",
             engine.settings.pooling,
@@ -167,7 +175,7 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
             engine.settings.chosen_by["normalize"],
         )
         runtime.engine = engine
-        runtime.tasks.append(asyncio.create_task(engine.scheduler.run()))
+        runtime.tasks.append(asyncio.create_task(engine.run_batcher()))
         runtime.tasks.append(asyncio.create_task(_probe_while_unhealthy(runtime, engine)))
         if lifecycle.phase != LOADING:  # drained while loading
             return

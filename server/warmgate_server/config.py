@@ -15,16 +15,19 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from warmgate_contract.flags import DEFAULTS, FLAGS
+from warmgate_contract.flags import (
+    CUDA_GRAPHS,
+    DEFAULTS,
+    DEVICES,
+    DTYPES,
+    FLAGS,
+    PACKINGS,
+    POOLINGS,
+    TOKEN_ID_KINDS,
+)
 from warmgate_contract.report import parse_profile as parse_profile_entries
 from warmgate_contract.report import shapes_by_count
 from warmgate_contract.shapes import Shape
-
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
-POOLINGS = ("mean", "cls", "last")
-PACKINGS = ("auto", "on", "off")
-TOKEN_ID_KINDS = ("model", "cl100k_base")
 
 
 class ConfigError(ValueError):
@@ -99,8 +102,22 @@ class ServerConfig:
     container."""
     packing: str = DEFAULTS["packing"]
     """Padding-free forward pass: linear layers run on the real tokens only, attention on the
-    padded shape. auto: on for BERT-family models on a CPU; on: wherever the model allows;
-    off: the model's own padded forward pass."""
+    padded shape on a CPU, variable-length attention on a CUDA device in half precision.
+    auto and on: for BERT-family models (on refuses to start with another); off: the model's
+    own padded forward pass. With CUDA graphs, it serves the shapes that have no graph."""
+    default_prompt_name: str | None = DEFAULTS["default_prompt_name"]
+    """Which of the model's prompts (config_sentence_transformers.json) goes before every
+    input (None: the folder's default_prompt_name, if any)."""
+    default_prompt: str | None = DEFAULTS["default_prompt"]
+    """A text put before every input, instead of any of the model's prompts."""
+    cuda_graphs: str = DEFAULTS["cuda_graphs"]
+    """A CUDA graph per planned shape (and model worker), captured during warmup and replayed
+    for that shape. auto: on a CUDA device, falling back to eager passes (with the reason in
+    /ready) when the model cannot be captured; on: a capture that fails fails the warmup; off:
+    eager passes."""
+    tokenization_workers: int | None = DEFAULTS["tokenization_workers"]
+    """Tokenizer threads (None: 1 with --device cpu, else a quarter of the usable CPUs, 1 to 4),
+    so that several requests tokenize while the model runs."""
     model_workers: int | None = DEFAULTS["model_workers"]
     """Forward passes that may run at once, each on its own model thread (None: 2 on a CPU with
     at least 2 usable CPUs, else 1). All of them share one copy of the weights."""
@@ -186,6 +203,16 @@ def validate(config: ServerConfig) -> None:
         problems.append(f"--pooling {config.pooling!r}: use one of {', '.join(POOLINGS)}")
     if config.packing not in PACKINGS:
         problems.append(f"--packing {config.packing!r}: use one of {', '.join(PACKINGS)}")
+    if config.default_prompt_name is not None and config.default_prompt is not None:
+        problems.append("--default-prompt-name and --default-prompt: give one of them")
+    if config.cuda_graphs not in CUDA_GRAPHS:
+        problems.append(
+            f"--cuda-graphs {config.cuda_graphs!r}: use one of {', '.join(CUDA_GRAPHS)}"
+        )
+    elif config.cuda_graphs == "on" and config.device == "cpu":
+        problems.append("--cuda-graphs on needs a CUDA device: use --device cuda, or auto/off")
+    if config.tokenization_workers is not None and not 1 <= config.tokenization_workers <= 64:
+        problems.append(f"--tokenization-workers {config.tokenization_workers}: use 1..64")
     if not 0 <= config.port <= 65535:
         problems.append(f"--port {config.port}: use 0..65535")
     buckets = config.sequence_buckets

@@ -30,7 +30,9 @@ class Runtime:
     pod_name: str
     engine: Engine | None = None
     model_threads: list[ThreadPoolExecutor] = field(default_factory=list)
-    tokenizer_thread: ThreadPoolExecutor | None = None
+    tokenizer_pool: ThreadPoolExecutor | None = None
+    tokenization_workers: int = 1
+    """Threads in `tokenizer_pool` (one until the model is loaded)."""
     in_flight: int = 0
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     self_url: str | None = None
@@ -49,7 +51,7 @@ class Runtime:
 
     @property
     def idle(self) -> bool:
-        return self.in_flight == 0 and (self.engine is None or self.engine.scheduler.idle)
+        return self.in_flight == 0 and (self.engine is None or self.engine.idle)
 
     def admit(self, warmup: bool = False) -> Engine:
         """Let one embedding request in, or refuse it at once (503 not ready, 429 overloaded).

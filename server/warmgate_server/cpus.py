@@ -58,10 +58,12 @@ def usable_cpus() -> int:
 
 @dataclass(frozen=True)
 class ThreadPlan:
-    """How the CPUs are split: `workers` forward passes at once, `threads` torch threads each."""
+    """How the CPUs are split: `workers` forward passes at once, `threads` torch threads each,
+    `tokenizers` threads tokenizing side by side."""
 
     workers: int
     threads: int
+    tokenizers: int = 1
 
 
 def plan_threads(config: ServerConfig, device_type: str, cpus: int | None = None) -> ThreadPlan:
@@ -75,4 +77,9 @@ def plan_threads(config: ServerConfig, device_type: str, cpus: int | None = None
     cpus = cpus or usable_cpus()
     workers = config.model_workers or (1 if device_type == "cuda" or cpus < 2 else 2)
     threads = config.torch_threads or max(1, cpus // workers)
-    return ThreadPlan(workers, threads)
+    # On a CPU the model threads want every core, and one tokenizer thread keeps up with them;
+    # on a GPU the CPUs are free for tokenizing, which must keep up with the device.
+    tokenizers = config.tokenization_workers or (
+        1 if device_type == "cpu" else max(1, min(4, cpus // 4))
+    )
+    return ThreadPlan(workers, threads, tokenizers)

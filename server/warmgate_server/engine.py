@@ -6,21 +6,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import numpy as np
 
-from warmgate_contract.report import WARMING
+from warmgate_contract.report import WARMING, WarmedShape
 from warmgate_contract.shapes import Shape
 
 from . import modelconfig
 from .config import ServerConfig
 from .errors import ModelLoadError
 from .faults import FaultInjector
-from .lifecycle import Lifecycle, WarmedShape
+from .lifecycle import Lifecycle
 from .loading import LoadedModel
 from .metrics import Metrics
 from .openai_ids import OpenAITokenIds
@@ -69,15 +69,20 @@ class Engine:
         plan: Sequence[Shape],
         metrics: Metrics,
         model_threads: Sequence[ThreadPoolExecutor],
-        tokenizer_thread: ThreadPoolExecutor,
+        tokenizer_pool: ThreadPoolExecutor,
         *,
         on_fault: Callable[[str, bool], None] = lambda error, hung: None,
         on_success: Callable[[], None] = lambda: None,
         faults: FaultInjector | None = None,
     ) -> None:
-        max_input_length = min(
-            config.max_input_length or loaded.model_max_length, config.largest_bucket
-        )
+        if config.max_input_length:
+            max_input_length, length_source = config.max_input_length, "--max-input-length"
+        else:
+            max_input_length = loaded.model_max_length
+            length_source = loaded.model_max_length_source
+        if max_input_length > config.largest_bucket:
+            max_input_length = config.largest_bucket
+            length_source = "the largest of --sequence-buckets"
         positions = loaded.max_positions
         if positions is not None and max_input_length > positions:
             raise ModelLoadError(
@@ -85,9 +90,14 @@ class Engine:
                 f"{positions} positions: lower --max-input-length (and the buckets above it)"
             )
         try:
-            self.settings = modelconfig.resolve(config, loaded.path)
+            settings = modelconfig.resolve(config, loaded.path)
         except modelconfig.ModelConfigError as error:
             raise ModelLoadError(str(error)) from None
+        self.settings = replace(
+            settings,
+            max_input_length=max_input_length,
+            chosen_by={**settings.chosen_by, "max_input_length": length_source},
+        )
         self.config = config
         self.loaded = loaded
         self.plan = tuple(plan)
@@ -99,11 +109,13 @@ class Engine:
             prompt=self.settings.default_prompt,
         )
         self.runner.faults = faults
+        self.graphs_mode, self.graphs_reason = self._plan_graphs(config, loaded)
+        """Whether the planned shapes run as CUDA graphs ("on"/"off") and why not when off."""
         self.openai_ids = OpenAITokenIds.load(config.openai_token_ids)
         """Decodes OpenAI token ids (tiktoken's) into text; None: ids are the model's own."""
         self.metrics = metrics
         self._model_threads = tuple(model_threads)
-        self._tokenizer_thread = tokenizer_thread
+        self._tokenizer_pool = tokenizer_pool
         self.policy = policy = ShapePolicy.build(
             config.sequence_buckets,
             config.max_batch_size,
@@ -127,6 +139,32 @@ class Engine:
             on_success=on_success,
         )
         self._tokenizing = 0
+
+    def _plan_graphs(self, config: ServerConfig, loaded: LoadedModel) -> tuple[str, str]:
+        if config.cuda_graphs == "off":
+            return "off", "--cuda-graphs off"
+        if loaded.device.type != "cuda":
+            if config.cuda_graphs == "on":
+                raise ModelLoadError(f"--cuda-graphs on: the device is {loaded.device}, not CUDA")
+            return "off", f"the device is {loaded.device}"
+        if not config.warmup:
+            return "off", "--no-warmup: graphs are captured during warmup"
+        from .graphs import GraphSet, graph_forward
+
+        self.runner.graphs = GraphSet(
+            graph_forward(loaded, self.settings.pooling),
+            loaded.device,
+            loaded.pad_token_id,
+            loaded.cls_token_id,
+        )
+        return "on", ""
+
+    def graphs_report(self) -> dict[str, object]:
+        """/ready's and /info's `cuda_graphs`: on or off, why off, and what the graphs hold."""
+        report: dict[str, object] = {"mode": self.graphs_mode, "reason": self.graphs_reason}
+        if self.runner.graphs is not None:
+            report.update(self.runner.graphs.stats.as_json())
+        return report
 
     def _fault(self, report: Callable[[str, bool], None]) -> Callable[[str, bool], None]:
         def counted(error: str, hung: bool) -> None:
@@ -152,6 +190,51 @@ class Engine:
         """Whether the padding-free forward pass runs."""
         return self.runner.packed is not None
 
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.vocab_size
+
+    @property
+    def idle(self) -> bool:
+        """No input queued or running."""
+        return self.scheduler.idle
+
+    def run_batcher(self) -> Awaitable[None]:
+        """The batching loop (run it as a task until the server stops)."""
+        return self.scheduler.run()
+
+    async def tokens(
+        self, texts: Sequence[str], add_special_tokens: bool, prompt: str | None = None
+    ) -> list[list[dict]]:
+        """TEI's /tokenize: each text's tokens with their text and byte spans."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._tokenizer_pool, self.runner.tokens, texts, add_special_tokens, prompt
+        )
+
+    async def decode(self, ids: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
+        """TEI's /decode: token ids back to text."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._tokenizer_pool, self.runner.decode, ids, skip_special_tokens
+        )
+
+    def forward_report(self) -> dict[str, object]:
+        """How forward passes run: warmgate's own pass (packed) or the model's (padded), the
+        attention it uses, and the CUDA graphs."""
+        packed = self.runner.packed
+        if packed is None:
+            attention = "the model's own"
+        elif packed.varlen is not None:
+            attention = "variable-length (flash)"
+        else:
+            attention = "padded keys"
+        return {
+            "pass": "packed" if packed is not None else "padded",
+            "attention": attention,
+            "cuda_graphs": self.graphs_report(),
+        }
+
     def profile(self) -> dict[str, list[dict[str, int]]]:
         """The shapes served so far, with counts (the warmup profile format)."""
         return self.scheduler.profile()
@@ -174,15 +257,23 @@ class Engine:
         truncate_left: bool = False,
         record: bool = True,
         openai_ids: bool = False,
+        prompt: str | None = None,
     ) -> Embeddings:
         """Tokenize (tokenizer thread), batch, run (model thread). Raises InputTooLong, and
-        InvalidTokenIds for `openai_ids` inputs (OpenAI's ids, with --openai-token-ids)."""
+        InvalidTokenIds for `openai_ids` inputs (OpenAI's ids, with --openai-token-ids).
+        Texts get `prompt` before them (None: the model's default prompt)."""
         loop = asyncio.get_running_loop()
         self._tokenizing += 1
         started = time.monotonic()
         try:
             token_ids = await loop.run_in_executor(
-                self._tokenizer_thread, self._tokenize, texts, truncate, truncate_left, openai_ids
+                self._tokenizer_pool,
+                self._tokenize,
+                texts,
+                truncate,
+                truncate_left,
+                openai_ids,
+                prompt,
             )
         finally:
             self._tokenizing -= 1
@@ -202,21 +293,26 @@ class Engine:
         truncate: bool,
         truncate_left: bool,
         openai_ids: bool,
+        prompt: str | None = None,
     ) -> list[list[int]]:
         """In the tokenizer thread: OpenAI's ids back to text when asked, then the model's."""
         if openai_ids and self.openai_ids is not None:
             texts = self.openai_ids.texts(texts)
-        return self.runner.tokenize(texts, truncate, truncate_left)
+        return self.runner.tokenize(texts, truncate, truncate_left, prompt=prompt)
 
     async def embed_all(
-        self, texts: Sequence[str | Sequence[int]], truncate: bool, truncate_left: bool
+        self,
+        texts: Sequence[str | Sequence[int]],
+        truncate: bool,
+        truncate_left: bool,
+        prompt: str | None = None,
     ) -> TokenStates:
         """Every token's last hidden state per input (TEI's /embed_all: no pooling), in
         request order, with the token count and whether a shape ran cold. Runs on model worker
         0 in planned shapes (inputs grouped by bucket), next to the batcher's batches."""
         loop = asyncio.get_running_loop()
         token_ids = await loop.run_in_executor(
-            self._tokenizer_thread, self._tokenize, texts, truncate, truncate_left, False
+            self._tokenizer_pool, self._tokenize, texts, truncate, truncate_left, False, prompt
         )
         order = sorted(
             range(len(token_ids)),
@@ -254,6 +350,7 @@ class Engine:
         workers have settled it, and its steady latency is the slowest worker's."""
         rule = rule or SettleRule()
         started = time.perf_counter()
+        await self._capture_graphs(lifecycle)
         for shape in self.plan:
             if lifecycle.phase != WARMING:  # draining or failed: stop warming
                 return
@@ -286,6 +383,38 @@ class Engine:
             )
         lifecycle.warmup_seconds = time.perf_counter() - started
         self.metrics.warmup_duration.set(lifecycle.warmup_seconds)
+
+    async def _capture_graphs(self, lifecycle: Lifecycle) -> None:
+        """Capture every planned shape's graph on every worker, before any shape is settled,
+        so that the settled latencies are the graphs' and a capture that fails (with
+        --cuda-graphs auto) leaves every shape to the eager pass, none half-warmed."""
+        graphs = self.runner.graphs
+        if graphs is None:
+            return
+        from .graphs import GraphCaptureError
+
+        try:
+            for shape in self.plan:
+                if lifecycle.phase != WARMING:
+                    return
+                for worker in range(self.workers):
+                    await self._in_model_thread(self.runner.capture, shape, worker, worker=worker)
+        except GraphCaptureError as error:
+            if self.config.cuda_graphs == "on":
+                raise ModelLoadError(f"--cuda-graphs on: {error}") from None
+            log.warning("serving eagerly, without CUDA graphs: %s", error)
+            graphs.clear()
+            self.runner.graphs = None
+            self.graphs_mode, self.graphs_reason = "off", str(error)
+            return
+        stats = graphs.stats
+        self.metrics.cuda_graph_memory.set(stats.memory_bytes)
+        log.info(
+            "captured %d CUDA graphs in %.1fs, holding %.1f MiB",
+            stats.captured,
+            stats.capture_seconds,
+            stats.memory_bytes / 2**20,
+        )
 
     async def _settle(
         self, shape: Shape, inputs: list[Sequence[int]], worker: int, rule: SettleRule

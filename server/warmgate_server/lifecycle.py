@@ -9,18 +9,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from warmgate_contract.report import DRAINING, FAILED, LOADING, READY, UNHEALTHY, ReadyReport
-from warmgate_contract.report import WarmedShape as ReportedShape
+from warmgate_contract.flags import DEFAULTS
+from warmgate_contract.report import (
+    DRAINING,
+    FAILED,
+    LOADING,
+    READY,
+    UNHEALTHY,
+    ReadyReport,
+    WarmedShape,
+)
 from warmgate_contract.shapes import Shape
-
-
-@dataclass(frozen=True)
-class WarmedShape:
-    shape: Shape
-    steady_ms: float
-    runs: int
-    seconds: float
-    """Wall time spent warming this shape, first (cold) run included."""
 
 
 @dataclass
@@ -39,6 +38,8 @@ class Lifecycle:
     """torch threads per worker."""
     model_settings: dict[str, object] | None = None
     """Pooling, normalisation and prompts as chosen at load (modelconfig.ModelSettings)."""
+    forward: Callable[[], dict[str, object]] | None = None
+    """How forward passes run (the engine's forward_report), once the model is loaded."""
     commit: str | None = None
     """The hub commit of the files loaded (None: a plain folder)."""
     weights_digest: str | None = None
@@ -53,9 +54,9 @@ class Lifecycle:
     failed_event: asyncio.Event = field(default_factory=asyncio.Event)
     started_monotonic: float = field(default_factory=time.monotonic)
     on_phase: Callable[[str], None] | None = None
-    fault_threshold: int = 3
+    fault_threshold: int = DEFAULTS["fault_threshold"]
     """Model faults in a row that make a ready server unhealthy (--fault-threshold)."""
-    fault_restart_seconds: float = 30.0
+    fault_restart_seconds: float = DEFAULTS["fault_restart_seconds"]
     """How long unhealthy may last before liveness fails (--fault-restart-seconds)."""
     fault_streak: int = 0
     unhealthy_since: float | None = None
@@ -124,10 +125,7 @@ class Lifecycle:
             device=self.device,
             dtype=self.dtype,
             planned=self.planned,
-            warmed=tuple(
-                ReportedShape(done.shape, done.steady_ms, done.runs)
-                for done in self.warmed.values()
-            ),
+            warmed=tuple(self.warmed.values()),
             warmup_seconds=self.warmup_seconds,
             error=self.error,
             started_at=self.started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -135,6 +133,7 @@ class Lifecycle:
             workers=self.workers,
             torch_threads=self.torch_threads,
             model_settings=self.model_settings,
+            forward=None if self.forward is None else self.forward(),
             commit=self.commit,
             weights_digest=self.weights_digest,
             download=self.download,

@@ -1,6 +1,6 @@
 """Loading the model: its folder (`source.locate`: a local one, or a Hugging Face id from the
-cache or downloaded), the device and dtype, the tokenizer and the weights (straight into the
-packed forward pass for BERT-family models on a CPU, else transformers' AutoModel)."""
+cache or downloaded), the device and dtype, the tokenizer and the weights (straight into
+warmgate's own forward passes for BERT-family models, else transformers' AutoModel)."""
 
 from __future__ import annotations
 
@@ -22,16 +22,27 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _model_max_length(path: Path, positions: Any, tokenizer: Any) -> int:
-    """The model's own input limit: sentence-transformers' max_seq_length when present."""
+def _model_max_length(path: Path, positions: Any, tokenizer: Any) -> tuple[int, str]:
+    """The model's own input limit and where it comes from: sentence-transformers'
+    max_seq_length when present, else the smaller of its positions and its tokenizer's limit."""
     st_config = path / "sentence_bert_config.json"
     if st_config.is_file():
         value = json.loads(st_config.read_text()).get("max_seq_length")
         if isinstance(value, int) and value > 0:
-            return value
-    limits = [positions, tokenizer.model_max_length]
-    usable = [value for value in limits if isinstance(value, int) and 0 < value < 1_000_000]
-    return min(usable) if usable else 512
+            return value, "sentence_bert_config.json"
+    limits = {
+        "config.json's max_position_embeddings": positions,
+        "the tokenizer's model_max_length": tokenizer.model_max_length,
+    }
+    usable = {
+        source: value
+        for source, value in limits.items()
+        if isinstance(value, int) and 0 < value < 1_000_000
+    }
+    if not usable:
+        return 512, "default (the model states no limit)"
+    source = min(usable, key=lambda key: usable[key])
+    return usable[source], source
 
 
 @dataclass
@@ -48,6 +59,7 @@ class LoadedModel:
     dtype: torch.dtype
     hidden_size: int
     model_max_length: int
+    model_max_length_source: str
     pad_token_id: int
     cls_token_id: int
     uses_token_type_ids: bool
@@ -90,8 +102,8 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
     """Load and place the model from `source` (located from the flags when not given, never
     downloading then). Slow: call it in the model thread.
 
-    With --packing auto or on, a BERT-family model on the CPU is loaded straight from its
-    folder into the padding-free forward pass (transformers' modeling stack is never imported:
+    With --packing auto or on, a BERT-family model is loaded straight from its folder into
+    warmgate's own forward passes (packed.py) (transformers' modeling stack is never imported:
     seconds of CPU less per start); anything else goes through transformers' AutoModel.
     """
     if source is None:
@@ -117,6 +129,7 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
         hidden_size = int(model.config.hidden_size)
     else:
         positions, hidden_size = packed.max_positions, packed.hidden
+    max_length, max_length_source = _model_max_length(path, positions, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else pad_id
     loaded = LoadedModel(
@@ -127,7 +140,8 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
         device=device,
         dtype=dtype,
         hidden_size=hidden_size,
-        model_max_length=_model_max_length(path, positions, tokenizer),
+        model_max_length=max_length,
+        model_max_length_source=max_length_source,
         pad_token_id=int(pad_id),
         cls_token_id=int(cls_id),
         uses_token_type_ids="token_type_ids" in tokenizer.model_input_names,
@@ -173,12 +187,10 @@ def _load_packed(
     """(the padding-free forward pass, "") or (None, why not)."""
     if config.packing == "off":
         return None, "--packing off"
-    if device.type != "cpu":
-        return None, f"the device is {device}, and packing runs on the CPU only"
     from .packed import PackedBert
 
     try:
-        return PackedBert.from_folder(path, dtype), ""
+        return PackedBert.from_folder(path, dtype, device), ""
     except ValueError as exc:
         return None, str(exc).removeprefix("cannot run this model packed: ")
 

@@ -141,6 +141,11 @@ class Metrics:
             ["shape"],
             registry=registry,
         )
+        self.cuda_graph_memory = Gauge(
+            "warmgate_cuda_graph_memory_bytes",
+            "Device memory held by the planned shapes' CUDA graphs (0: no graphs).",
+            registry=registry,
+        )
         self.ready = Gauge("warmgate_ready", "1 when /ready answers 200.", registry=registry)
         self.phase = Enum(
             "warmgate_phase", "Lifecycle phase.", states=list(PHASES), registry=registry

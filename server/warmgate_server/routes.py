@@ -30,9 +30,9 @@ from .schemas import (
     parse_id_lists,
     parse_object,
     parse_openai,
+    parse_prompt_name,
     parse_strings,
     parse_tei,
-    refuse_prompt_name,
 )
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ async def info(request: web.Request) -> web.Response:
                 }
             },
             "max_batch_requests": config.max_batch_size,
-            "tokenization_workers": 1,
+            "tokenization_workers": runtime.tokenization_workers,
             "sha": None,
             "docker_label": None,
             "max_batch_tokens": config.max_batch_tokens,
@@ -117,6 +117,7 @@ async def info(request: web.Request) -> web.Response:
             "sequence_buckets": list(config.sequence_buckets),
             "pad_batch": config.pad_batch,
             "packed": engine.packed if engine else None,
+            "forward": engine.forward_report() if engine else None,
             "workers": runtime.lifecycle.workers,
             "torch_threads": runtime.lifecycle.torch_threads,
             "planned_shapes": [shape.as_json() for shape in runtime.plan],
@@ -193,9 +194,10 @@ def _limits(runtime: Runtime, openai: bool = False) -> Limits:
         hidden_size=engine.hidden_size,
         model_names={config.effective_served_name, config.model},
         default_normalize=engine.settings.normalize,
-        vocab_size=token_ids.vocab_size if token_ids else engine.runner.vocab_size,
+        vocab_size=token_ids.vocab_size if token_ids else engine.vocab_size,
         auto_truncate=config.auto_truncate,
         token_ids=token_ids.name if token_ids else "model",
+        prompts=engine.settings.prompts,
     )
 
 
@@ -214,6 +216,7 @@ async def _pooled(engine: Engine, parsed: EmbedRequest, warmup: bool) -> Embeddi
         parsed.truncate_left,
         record=not warmup,
         openai_ids=parsed.openai_ids,
+        prompt=parsed.prompt,
     )
     return replace(
         result, vectors=finish_vectors(result.vectors, parsed.dimensions, parsed.normalize)
@@ -319,7 +322,9 @@ async def tei_embed(request: web.Request) -> web.Response:
 
 
 async def _token_states(engine: Engine, parsed: EmbedRequest, warmup: bool) -> TokenStates:
-    result = await engine.embed_all(parsed.texts, parsed.truncate, parsed.truncate_left)
+    result = await engine.embed_all(
+        parsed.texts, parsed.truncate, parsed.truncate_left, parsed.prompt
+    )
     if not parsed.normalize:
         return result
     states = [finish_vectors(state, None, True) for state in result.vectors]
@@ -370,12 +375,8 @@ async def tei_tokenize(request: web.Request) -> web.Response:
         fields = parse_object(await _read_json(request, runtime.config.payload_limit))
         texts = parse_strings(fields.get("inputs"), "inputs", runtime.config.max_client_batch_size)
         add_special = parse_flag(fields.get("add_special_tokens"), "add_special_tokens", True)
-        refuse_prompt_name(fields)
-        loop = asyncio.get_running_loop()
-        tokens = await loop.run_in_executor(
-            runtime.tokenizer_thread, engine.runner.tokens, texts, add_special
-        )
-        return web.json_response(tokens)
+        prompt = parse_prompt_name(fields, engine.settings.prompts)
+        return web.json_response(await engine.tokens(texts, add_special, prompt))
     except ApiError as err:
         return _tei_error(err)
 
@@ -386,13 +387,10 @@ async def tei_decode(request: web.Request) -> web.Response:
         engine = _tokenizer_engine(runtime)
         fields = parse_object(await _read_json(request, runtime.config.payload_limit))
         ids = parse_id_lists(
-            fields.get("ids"), "ids", engine.runner.vocab_size, runtime.config.max_client_batch_size
+            fields.get("ids"), "ids", engine.vocab_size, runtime.config.max_client_batch_size
         )
         skip = parse_flag(fields.get("skip_special_tokens"), "skip_special_tokens", True)
-        loop = asyncio.get_running_loop()
-        decode = engine.runner.decode
-        texts = await loop.run_in_executor(runtime.tokenizer_thread, decode, ids, skip)
-        return web.json_response(texts)
+        return web.json_response(await engine.decode(ids, skip))
     except ApiError as err:
         return _tei_error(err)
 

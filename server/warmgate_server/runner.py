@@ -7,6 +7,7 @@ see app.py), never on the event loop; `tokenize` runs in the tokenizer thread.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,9 +20,10 @@ from warmgate_contract.shapes import Shape
 from .errors import InputTooLong
 from .faults import FaultInjector
 from .loading import LoadedModel
+from .tokenizer import BertTokenizer
 
 if TYPE_CHECKING:
-    pass
+    from .graphs import GraphSet
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +81,24 @@ class ModelRunner:
         """The padding-free forward pass in use, or None (the model's own, padded)."""
         if self.packed is None and loaded.model is None:
             raise ValueError("the padded forward pass needs a model loaded with --packing off")
-        self._executed: set[tuple[int, Shape]] = set()
+        self._executed: set[tuple[int, Shape, bool]] = set()
+        """(worker, shape, by its graph) pairs already run: a shape's eager pass and its graph
+        are warm apart."""
         self.faults: FaultInjector | None = None
         """Test-only fault injection (faults.py); None in normal operation."""
+        self.graphs: GraphSet | None = None
+        """The planned shapes' CUDA graphs (graphs.py), or None: every pass runs eagerly."""
+        # warmgate's BERT tokenizer is stateless; transformers' sets truncation and padding on
+        # its Rust tokenizer at each call, which raises when two threads call at once.
+        self._tokenizer_lock = (
+            None if isinstance(loaded.tokenizer, BertTokenizer) else threading.Lock()
+        )
+
+    def _encode(self, strings: list[str], **options: bool) -> dict:
+        if self._tokenizer_lock is None:
+            return self.loaded.tokenizer(strings, verbose=False, **options)
+        with self._tokenizer_lock:
+            return self.loaded.tokenizer(strings, verbose=False, **options)
 
     def tokenize(
         self,
@@ -89,21 +106,24 @@ class ModelRunner:
         truncate: bool = False,
         truncate_left: bool = False,
         max_length: int | None = None,
+        prompt: str | None = None,
     ) -> list[list[int]]:
         """Token ids with special tokens, unpadded. Raises InputTooLong unless truncating.
 
         An input given as token ids is taken as it is (the model's own ids, no special tokens
-        added, no prompt), as text-embeddings-inference does. Truncation keeps the model's
+        added, no prompt), as text-embeddings-inference does. Texts get `prompt` before them
+        (None: the model's default prompt). Truncation keeps the model's
         special tokens and cuts the text between them, on the right (end of the text) or the
         left (start of the text).
         """
         limit = max_length or self.max_input_length
         texts = self._cap_characters(texts, limit * MAX_CHARS_PER_TOKEN, truncate, truncate_left)
         strings = [text for text in texts if isinstance(text, str)]
-        if self.prompt:
-            strings = [self.prompt + text for text in strings]
+        prompt = self.prompt if prompt is None else prompt
+        if prompt:
+            strings = [prompt + text for text in strings]
         encoded = (
-            self.loaded.tokenizer(strings, return_special_tokens_mask=True, verbose=False)
+            self._encode(strings, return_special_tokens_mask=True)
             if strings
             else {"input_ids": [], "special_tokens_mask": []}
         )
@@ -147,18 +167,21 @@ class ModelRunner:
     def vocab_size(self) -> int:
         return len(self.loaded.tokenizer)
 
-    def tokens(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[dict]]:
+    def tokens(
+        self, texts: Sequence[str], add_special_tokens: bool, prompt: str | None = None
+    ) -> list[list[dict]]:
         """Each text's tokens as text-embeddings-inference's /tokenize lists them: id, text,
-        special, and the UTF-8 byte span of the text it came from (none for special tokens)."""
+        special, and the UTF-8 byte span of the text it came from (none for special tokens).
+        Texts get `prompt` before them (None: the model's default prompt)."""
         tokenizer = self.loaded.tokenizer
-        if self.prompt:
-            texts = [self.prompt + text for text in texts]
-        encoded = tokenizer(
+        prompt = self.prompt if prompt is None else prompt
+        if prompt:
+            texts = [prompt + text for text in texts]
+        encoded = self._encode(
             list(texts),
             add_special_tokens=add_special_tokens,
             return_offsets_mapping=True,
             return_special_tokens_mask=True,
-            verbose=False,
         )
         result = []
         for text, ids, offsets, special in zip(
@@ -193,9 +216,11 @@ class ModelRunner:
         return result
 
     def decode(self, ids: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
-        return self.loaded.tokenizer.batch_decode(
-            [list(item) for item in ids], skip_special_tokens=skip_special_tokens
-        )
+        lists, tokenizer = [list(item) for item in ids], self.loaded.tokenizer
+        if self._tokenizer_lock is None:
+            return tokenizer.batch_decode(lists, skip_special_tokens=skip_special_tokens)
+        with self._tokenizer_lock:
+            return tokenizer.batch_decode(lists, skip_special_tokens=skip_special_tokens)
 
     def warmup_inputs(self, shape: Shape) -> list[list[int]]:
         """`shape.batch_size` inputs of exactly `shape.seq_len` tokens, via the tokenizer."""
@@ -212,11 +237,18 @@ class ModelRunner:
         allocator arena, BLAS buffers and thread team. `pool=False`: the vectors are every real
         token's last hidden state, the inputs' tokens one after another (/embed_all)."""
         started, cpu_started = time.perf_counter(), time.thread_time()
-        first_time = (worker, shape) not in self._executed
+        graphs = self.graphs
+        by_graph = pool and graphs is not None and graphs.has(shape, worker)
+        key = (worker, shape, by_graph)
+        first_time = key not in self._executed
         if self.faults is not None:
             self.faults.before_forward()
-        vectors = self._forward(batch, shape, pool)
-        self._executed.add((worker, shape))
+        if by_graph:
+            assert graphs is not None
+            vectors = graphs.run(batch, shape, worker)
+        else:
+            vectors = self._forward(batch, shape, pool)
+        self._executed.add(key)
         return BatchResult(
             vectors,
             time.perf_counter() - started,
@@ -224,8 +256,15 @@ class ModelRunner:
             cpu_seconds=time.thread_time() - cpu_started,
         )
 
+    def capture(self, shape: Shape, worker: int) -> None:
+        """Capture `shape`'s CUDA graph for `worker` (its model thread, during warmup)."""
+        assert self.graphs is not None
+        self.graphs.capture(shape, worker)
+
     def _forward(self, batch: Sequence[Sequence[int]], shape: Shape, pool: bool) -> np.ndarray:
         import torch
+
+        from .packed import pool_padded
 
         loaded = self.loaded
         if self.packed is not None:
@@ -255,13 +294,7 @@ class ModelRunner:
             if not pool:
                 states = [hidden[row, : len(tokens)] for row, tokens in enumerate(batch)]
                 return torch.cat(states).cpu().numpy()
-            if self.pooling == "cls":
-                pooled = hidden[:, 0]
-            elif self.pooling == "last":  # inputs are right-padded: the last real token
-                lengths = inputs["attention_mask"][:count].sum(dim=1) - 1
-                pooled = hidden[torch.arange(count, device=hidden.device), lengths]
-            else:
-                weights = inputs["attention_mask"][:count].unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+            # Inputs are right-padded: "last" is each row's last real token.
+            pooled = pool_padded(hidden, inputs["attention_mask"][:count], self.pooling)
             # .cpu() waits for the device, so the timing covers the whole forward pass.
             return pooled.cpu().numpy()

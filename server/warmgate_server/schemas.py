@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,6 +27,8 @@ class Limits:
     auto_truncate: bool = False
     token_ids: str = "model"
     """Whose token ids inputs given as ids are: the model's, or an OpenAI encoding's name."""
+    prompts: Mapping[str, str] = field(default_factory=dict)
+    """The model's named prompts, which a request picks with `prompt_name`."""
 
 
 Input = str | list[int]
@@ -43,6 +45,8 @@ class EmbedRequest:
     base64: bool = False
     openai_ids: bool = False
     """Inputs given as ids are OpenAI's (decoded to text by the engine), not the model's."""
+    prompt: str | None = None
+    """The text of the prompt the request named (`prompt_name`); None: the default prompt."""
 
 
 def check_unicode(text: str, where: str) -> None:
@@ -190,13 +194,22 @@ def parse_object(body: object) -> dict[str, object]:
     return _object(body)
 
 
-def refuse_prompt_name(fields: dict[str, object]) -> None:
-    if fields.get("prompt_name") is not None:
+def parse_prompt_name(fields: dict[str, object], prompts: Mapping[str, str]) -> str | None:
+    """The text of the model prompt `prompt_name` names (TEI's field), or None when absent."""
+    name = fields.get("prompt_name")
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise validation("`prompt_name` must be a string", "invalid_prompt_name", "prompt_name")
+    if name not in prompts:
+        known = ", ".join(repr(key) for key in sorted(prompts))
         raise validation(
-            "`prompt_name` is not supported: this server has no prompts configured",
-            "unsupported",
+            f"`prompt_name` {name!r} is not one of the model's prompts"
+            + (f": {known}" if known else ": it has none (config_sentence_transformers.json)"),
+            "invalid_prompt_name",
             "prompt_name",
         )
+    return prompts[name]
 
 
 def _bool(value: object, field: str, default: bool) -> bool:
@@ -259,13 +272,13 @@ def parse_tei(body: object, limits: Limits) -> EmbedRequest:
             "invalid_truncation_direction",
             "truncation_direction",
         )
-    refuse_prompt_name(fields)
     return EmbedRequest(
         texts=texts,
         normalize=_bool(fields.get("normalize"), "normalize", limits.default_normalize),
         dimensions=_dimensions(fields.get("dimensions"), limits),
         truncate=_bool(fields.get("truncate"), "truncate", limits.auto_truncate),
         truncate_left=direction.lower() == "left",
+        prompt=parse_prompt_name(fields, limits.prompts),
     )
 
 

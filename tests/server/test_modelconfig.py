@@ -137,3 +137,121 @@ async def test_the_default_prompt_is_put_before_every_input(aiohttp_client, mode
     assert cosine(served, reference(folder, "float32")).min() >= 0.9999
     plain = reference(model_copy("mean"), "float32")
     assert cosine(served, plain).min() < 0.999  # the prompt changed the vectors
+
+
+def reference_with_prompt(folder: Path, prompt_name: str) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device="cpu")
+    return model.encode(TEXTS, prompt_name=prompt_name, convert_to_numpy=True)
+
+
+async def test_a_request_names_one_of_the_models_prompts(aiohttp_client, model_copy) -> None:
+    """TEI's `prompt_name` picks a prompt of the folder's own, as sentence-transformers'
+    encode(prompt_name=...) does; a name the model lacks is a 422 that lists its prompts."""
+    prompts = {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": None}
+    folder = model_copy("mean", prompts=prompts)
+    client, report = await serve(aiohttp_client, folder)
+    assert report["model_settings"]["chosen_by"]["prompt"] == "default (no prompt)"
+    response = await client.post("/embed", json={"inputs": TEXTS, "prompt_name": "passage"})
+    assert response.status == 200, await response.text()
+    served = np.array(await response.json())
+    assert cosine(served, reference_with_prompt(folder, "passage")).min() >= 0.9999
+    assert cosine(served, reference_with_prompt(folder, "query")).min() < 0.999
+    tokens = await client.post("/tokenize", json={"inputs": "hi", "prompt_name": "query"})
+    assert [token["text"] for token in (await tokens.json())[0]][1:4] == ["query", ":", "hi"]
+    refused = await client.post("/embed", json={"inputs": "x", "prompt_name": "title"})
+    assert refused.status == 422
+    message = (await refused.json())["error"]
+    assert "'title' is not one of the model's prompts: 'passage', 'query'" in message
+
+
+async def test_flags_override_the_folders_default_prompt(aiohttp_client, model_copy) -> None:
+    prompts = {
+        "prompts": {"query": "query: ", "passage": "passage: "},
+        "default_prompt_name": "query",
+    }
+    folder = model_copy("mean", prompts=prompts)
+    client, report = await serve(aiohttp_client, folder, "--default-prompt-name", "passage")
+    settings = report["model_settings"]
+    assert (settings["default_prompt_name"], settings["default_prompt"]) == ("passage", "passage: ")
+    assert settings["chosen_by"]["prompt"] == "--default-prompt-name"
+    served = await embed(client, TEXTS)
+    assert cosine(served, reference_with_prompt(folder, "passage")).min() >= 0.9999
+
+    client, report = await serve(aiohttp_client, folder, "--default-prompt", "passage: ")
+    assert report["model_settings"]["chosen_by"]["prompt"] == "--default-prompt"
+    assert cosine(await embed(client, TEXTS), served).min() >= 0.99999
+
+    _client, report = await serve(aiohttp_client, folder, "--default-prompt-name", "title")
+    assert report["phase"] == "failed"
+    assert "--default-prompt-name 'title': the model's prompts" in report["error"]
+
+
+async def test_the_input_limit_is_reported_with_where_it_came_from(
+    aiohttp_client, model_copy
+) -> None:
+    folder = model_copy("mean")
+    _client, report = await serve(aiohttp_client, folder)  # buckets 16,32,64 (make_config)
+    settings = report["model_settings"]
+    assert settings["max_input_length"] == 64
+    assert settings["chosen_by"]["max_input_length"] == "the largest of --sequence-buckets"
+    config = json.loads((folder / "sentence_bert_config.json").read_text())
+    (folder / "sentence_bert_config.json").write_text(json.dumps({**config, "max_seq_length": 40}))
+    _client, report = await serve(aiohttp_client, folder)
+    settings = report["model_settings"]
+    assert settings["max_input_length"] == 40
+    assert settings["chosen_by"]["max_input_length"] == "sentence_bert_config.json"
+    _client, report = await serve(aiohttp_client, folder, "--max-input-length", "20")
+    assert report["model_settings"]["chosen_by"]["max_input_length"] == "--max-input-length"
+
+
+def _resolve(folder: Path, *args: str):
+    from warmgate_server import modelconfig
+    from warmgate_server.config import parse_config
+
+    return modelconfig.resolve(parse_config(["--model", str(folder), *args]), folder)
+
+
+def test_a_decoder_embeds_with_its_last_token_unless_its_folder_says_otherwise(
+    tmp_path: Path, model_copy
+) -> None:
+    """A decoder-only model (config.json) without sentence-transformers files gets last-token
+    pooling, never the silent mean default; its own Pooling config or --pooling still win."""
+    for config in (
+        {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"},
+        {"architectures": ["MistralModel"], "model_type": "mistral"},
+        {"model_type": "custom", "is_decoder": True},
+    ):
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        settings = _resolve(tmp_path)
+        assert settings.pooling == "last", config
+        assert "a decoder" in settings.chosen_by["pooling"]
+    assert _resolve(tmp_path, "--pooling", "mean").pooling == "mean"
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert _resolve(tmp_path).pooling == "mean"  # an encoder without ST files: the default
+    folder = model_copy("cls")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "is_decoder": True}))
+    assert _resolve(folder).pooling == "cls"
+
+
+def test_modules_the_server_cannot_reproduce_are_refused(model_copy) -> None:
+    """A Dense layer after pooling (or any module but Transformer, Pooling, Normalize) would be
+    skipped: refused at start, whatever --pooling says; so is pooling without the prompt."""
+    from warmgate_server.modelconfig import ModelConfigError
+
+    folder = model_copy("mean")
+    modules = json.loads((folder / "modules.json").read_text())
+    dense = {"idx": 3, "name": "3", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+    (folder / "modules.json").write_text(json.dumps([*modules, dense]))
+    for args in ((), ("--pooling", "cls")):
+        with pytest.raises(ModelConfigError, match=r"modules.json lists Dense \(2_Dense\)"):
+            _resolve(folder, *args)
+    (folder / "modules.json").write_text(json.dumps(modules))
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    pooling["include_prompt"] = False
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    assert _resolve(folder).pooling == "mean"  # no prompts: nothing to leave out
+    with pytest.raises(ModelConfigError, match="include_prompt: false"):
+        _resolve(folder, "--default-prompt", "query: ")

@@ -30,15 +30,24 @@ async def test_probes_and_reports_while_warming_then_ready(start_server) -> None
     assert set(report) == {
         "phase", "ready", "model", "device", "dtype", "workers", "torch_threads",
         "planned_shapes", "warmed_shapes", "progress", "warmup_seconds", "error", "started_at",
-        "pid", "model_settings", "download",
+        "pid", "model_settings", "download", "forward",
     }  # fmt: skip
+    # On a CPU: warmgate's packed pass, attention over padded keys, and no CUDA graphs.
+    assert report["forward"] == {
+        "pass": "packed",
+        "attention": "padded keys",
+        "cuda_graphs": {"mode": "off", "reason": "the device is cpu"},
+    }
     # The model folder's own sentence-transformers files chose the pooling and normalisation.
     assert report["model_settings"]["pooling"] == "mean"
     assert report["model_settings"]["normalize"] is True
     assert report["model_settings"]["chosen_by"] == {
         "pooling": "1_Pooling/config.json",
         "normalize": "modules.json",
+        "prompt": "default (no prompt)",
+        "max_input_length": "the largest of --sequence-buckets",
     }
+    assert report["model_settings"]["max_input_length"] == 64
     assert report["ready"] is True and report["error"] is None
     # A folder: no hub commit, and the digest of the weights it holds.
     assert report["model"] == {
@@ -55,7 +64,10 @@ async def test_probes_and_reports_while_warming_then_ready(start_server) -> None
     assert planned == [(1, 16), (4, 16), (1, 32), (4, 32), (1, 64), (4, 64)]
     warmed = [(s["batch_size"], s["seq_len"]) for s in report["warmed_shapes"]]
     assert warmed == planned
-    assert all(s["steady_ms"] > 0 and s["runs"] >= 2 for s in report["warmed_shapes"])
+    assert all(
+        s["steady_ms"] > 0 and s["runs"] >= 2 and s["seconds"] >= s["steady_ms"] / 1000.0
+        for s in report["warmed_shapes"]
+    )
     assert report["progress"] == {"done": 6, "total": 6}
 
 

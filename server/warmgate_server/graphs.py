@@ -1,0 +1,228 @@
+"""CUDA graphs for the warmed plan: one graph per planned (batch size, bucket) shape.
+
+warmgate knows before the first request every shape the batcher will ever run, which is what a
+CUDA graph needs: warmup captures each planned shape's whole forward pass and pooling once
+(static input buffers, one memory pool shared by the graphs of a model worker), and serving
+replays the graph of the shape the batcher chose: one launch instead of hundreds, so the GPU
+no longer waits for Python between kernels. A shape outside the plan has no graph; it runs
+eagerly and counts as cold.
+
+The graphs of one worker share a memory pool, so replaying one may overwrite another's output:
+`run` copies the output to the host before it returns, and a worker replays one graph at a time.
+
+What is captured is a static forward (`StaticForward`): a padded (rows, seq_len) batch of token
+ids and its 0/1 mask on the device in, pooled float32 vectors out, no host synchronisation.
+BERT-family models use warmgate's own (`PackedBert.dense`); other models their transformers
+forward pass, which some models cannot be captured with: with `--cuda-graphs auto` the server
+then serves eagerly and says why, with `on` it fails its warmup with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from warmgate_contract.shapes import Shape
+
+log = logging.getLogger(__name__)
+
+StaticForward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(ids (rows, seq_len) int64, mask (rows, seq_len) int64) on the device -> (rows, hidden)
+float32 pooled vectors on the device."""
+
+Capture = Callable[[StaticForward, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Any]]
+"""(forward, static ids, static mask, memory pool) -> (static output, replay callable)."""
+
+
+class GraphCaptureError(RuntimeError):
+    """A shape's graph could not be captured (an operation that syncs with the host, memory)."""
+
+
+# One capture at a time in the process: capturing while another thread launches work on the
+# same device is an error in CUDA's global capture mode, and it keeps the pool accounting exact.
+_CAPTURE_LOCK = threading.Lock()
+
+
+def cuda_capture(
+    forward: StaticForward, ids: torch.Tensor, mask: torch.Tensor, pool: Any
+) -> tuple[torch.Tensor, Callable[[], None]]:
+    """Capture `forward` on the static buffers as a CUDA graph in `pool`.
+
+    The forward runs twice on a side stream first, as torch's documentation asks: cuBLAS and
+    cuDNN pick their kernels and allocate their workspaces there, outside the graph."""
+    device = ids.device
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            forward(ids, mask)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        output = forward(ids, mask)
+    torch.cuda.synchronize(device)
+    return output, graph.replay
+
+
+def replay_eagerly(
+    forward: StaticForward, ids: torch.Tensor, mask: torch.Tensor, pool: Any
+) -> tuple[torch.Tensor, Callable[[], None]]:
+    """Stands in for `cuda_capture` where no GPU exists (the CPU tests): the same static
+    buffers and output, and a replay that runs `forward` on them again. Everything but the CUDA
+    capture itself (buffer reuse, padding rows, which shapes have a graph) is then exercised."""
+    output = forward(ids, mask)
+
+    def replay() -> None:
+        output.copy_(forward(ids, mask))
+
+    return output, replay
+
+
+@dataclass
+class _Graph:
+    ids: torch.Tensor
+    mask: torch.Tensor
+    output: torch.Tensor
+    replay: Callable[[], None]
+    host_ids: np.ndarray
+    host_mask: np.ndarray
+
+
+@dataclass(frozen=True)
+class GraphStats:
+    captured: int
+    memory_bytes: int
+    """Device memory the graphs hold: their shared pools and static buffers."""
+    capture_seconds: float
+
+    def as_json(self) -> dict[str, float | int]:
+        return {
+            "captured": self.captured,
+            "memory_bytes": self.memory_bytes,
+            "capture_seconds": round(self.capture_seconds, 3),
+        }
+
+
+class GraphSet:
+    """The graphs of every (model worker, planned shape), captured during warmup."""
+
+    def __init__(
+        self,
+        forward: StaticForward,
+        device: torch.device,
+        pad_token_id: int,
+        filler_token_id: int,
+        capture: Capture = cuda_capture,
+    ) -> None:
+        self.forward = forward
+        self.device = device
+        self.pad_token_id = pad_token_id
+        self.filler_token_id = filler_token_id
+        """The one real token of a padding row (an all-masked row turns attention into NaN)."""
+        self._capture = capture
+        self._graphs: dict[tuple[int, Shape], _Graph] = {}
+        self._pools: dict[int, Any] = {}
+        self.memory_bytes = 0
+        self.capture_seconds = 0.0
+
+    def has(self, shape: Shape, worker: int) -> bool:
+        return (worker, shape) in self._graphs
+
+    @property
+    def stats(self) -> GraphStats:
+        return GraphStats(len(self._graphs), self.memory_bytes, self.capture_seconds)
+
+    def capture(self, shape: Shape, worker: int) -> None:
+        """Capture `shape`'s graph for `worker` (in that worker's thread, during warmup);
+        GraphCaptureError says why it could not."""
+        if self.has(shape, worker):
+            return
+        import time
+
+        rows, seq_len = shape.batch_size, shape.seq_len
+        with _CAPTURE_LOCK, torch.inference_mode():
+            started = time.perf_counter()
+            before = _reserved(self.device)
+            pool = self._pools.get(worker)
+            if pool is None and self.device.type == "cuda":
+                pool = self._pools[worker] = torch.cuda.graph_pool_handle()
+            host_ids = np.full((rows, seq_len), self.pad_token_id, dtype=np.int64)
+            host_mask = np.zeros((rows, seq_len), dtype=np.int64)
+            host_ids[:, 0] = self.filler_token_id
+            host_mask[:, 0] = 1
+            ids = torch.from_numpy(host_ids).to(self.device)
+            mask = torch.from_numpy(host_mask).to(self.device)
+            try:
+                output, replay = self._capture(self.forward, ids, mask, pool)
+            except Exception as error:  # torch raises RuntimeError and friends, with the reason
+                raise GraphCaptureError(
+                    f"cannot capture a CUDA graph of shape {shape.key}: "
+                    f"{type(error).__name__}: {error}"
+                ) from error
+            self._graphs[(worker, shape)] = _Graph(ids, mask, output, replay, host_ids, host_mask)
+            self.memory_bytes += max(_reserved(self.device) - before, 0)
+            self.capture_seconds += time.perf_counter() - started
+
+    def run(self, batch: Sequence[Sequence[int]], shape: Shape, worker: int) -> np.ndarray:
+        """Replay `shape`'s graph on `batch` (its first len(batch) rows are real inputs, each
+        at most shape.seq_len tokens): (len(batch), hidden) float32 on the host."""
+        graph = self._graphs[(worker, shape)]
+        count = len(batch)
+        host_ids, host_mask = graph.host_ids, graph.host_mask
+        host_ids.fill(self.pad_token_id)
+        host_mask.fill(0)
+        for row, tokens in enumerate(batch):
+            host_ids[row, : len(tokens)] = tokens
+            host_mask[row, : len(tokens)] = 1
+        host_ids[count:, 0] = self.filler_token_id
+        host_mask[count:, 0] = 1
+        with torch.inference_mode():
+            graph.ids.copy_(torch.from_numpy(host_ids))
+            graph.mask.copy_(torch.from_numpy(host_mask))
+            graph.replay()
+            # To the host at once: the next replay of any graph of this pool may reuse it.
+            return graph.output[:count].cpu().numpy()
+
+    def clear(self) -> None:
+        """Drop every graph and its memory (capture failed part-way; serve eagerly)."""
+        self._graphs.clear()
+        self._pools.clear()
+        self.memory_bytes = 0
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _reserved(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return int(torch.cuda.memory_reserved(device))
+
+
+def graph_forward(loaded: Any, pooling: str) -> StaticForward:
+    """The static forward a graph captures for this model: warmgate's own for BERT-family
+    models, else the transformers model's forward pass followed by pooling."""
+    from .packed import pool_padded
+
+    if loaded.packed is not None:
+        packed = loaded.packed
+
+        def packed_forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return packed.dense(ids, mask, pooling)
+
+        return packed_forward
+    model = loaded.model
+    uses_token_types = loaded.uses_token_type_ids
+
+    def model_forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        if uses_token_types:
+            inputs["token_type_ids"] = torch.zeros_like(ids)
+        return pool_padded(model(**inputs)[0], mask, pooling)
+
+    return model_forward
