@@ -17,13 +17,14 @@ from typing import Any, Protocol
 
 from kubernetes.utils import parse_quantity as kubernetes_quantity
 
+from warmgate_contract.names import APPLIED_HASH_ANNOTATION
+
 from .builders import content_hash
 from .config import FIELD_MANAGER
 from .kube import DEPLOYMENT, ResourceKind
 
 log = logging.getLogger("warmgate.apply")
 
-APPLIED_HASH_ANNOTATION = "warmgate.dev/applied-hash"
 # Keeps spec.replicas alive while ownership passes from warmgate to the HPA.
 HANDOVER_FIELD_MANAGER = "warmgate-handover"
 

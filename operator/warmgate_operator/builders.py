@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from warmgate_contract.flags import render_args
+from warmgate_contract.flags import BY_DEST, render_args
 from warmgate_contract.names import (
     API_VERSION,
     APP_NAME,
@@ -51,6 +51,9 @@ HF_CACHE_DIR = f"{CACHE_DIR}/huggingface"
 HF_CLAIM_DIR = "/var/lib/warmgate/huggingface"
 
 DEFAULT_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
+# The server container's imagePullPolicy when neither the spec nor the operator's
+# --server-image-pull-policy says otherwise.
+DEFAULT_PULL_POLICY = "IfNotPresent"
 
 # The startup probe's budget when the spec leaves probes.startupTimeoutSeconds unset: three times
 # the slowest start measured (status.startupSeconds), in whole minutes, from 2 minutes to an hour;
@@ -203,6 +206,12 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
             "max_input_length": model.max_input_length,
             "auto_truncate": model.auto_truncate,
             "openai_token_ids": model.openai_token_ids,
+            "default_prompt_name": model.default_prompt_name,
+            "default_prompt": model.default_prompt,
+            # auto is the server's default: left out, so existing pod templates do not change.
+            "packing": None if spec.runtime.packing == "auto" else spec.runtime.packing,
+            "cuda_graphs": None if spec.runtime.cuda_graphs == "auto" else spec.runtime.cuda_graphs,
+            "tokenization_workers": spec.runtime.tokenization_workers,
             "max_batch_size": batching.max_batch_size,
             "max_client_batch_size": batching.max_client_batch_size,
             "max_batch_tokens": batching.max_batch_tokens,
@@ -266,6 +275,7 @@ def startup_budget(
     startup_seconds: float | None,
     live: Mapping[str, Any] | None,
     hub_endpoint: str | None = None,
+    default_pull_policy: str = DEFAULT_PULL_POLICY,
 ) -> int:
     """The startup probe's budget in seconds: the spec's, or sized from the measured start.
 
@@ -285,7 +295,9 @@ def startup_budget(
     current = live_startup_budget(live)
     if current is None or wanted >= current:
         return wanted
-    kept = build_pod_template(spec, owner, default_image, image_pull_secrets, current, hub_endpoint)
+    kept = build_pod_template(
+        spec, owner, default_image, image_pull_secrets, current, hub_endpoint, default_pull_policy
+    )
     live_hash = (live or {})["spec"]["template"]["metadata"].get("annotations", {})
     if kept["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == live_hash.get(SPEC_HASH_ANNOTATION):
         return current
@@ -313,18 +325,21 @@ def build_pod_template(
     image_pull_secrets: Sequence[str] = (),
     startup_budget_seconds: int = UNMEASURED_STARTUP_BUDGET,
     hub_endpoint: str | None = None,
+    default_pull_policy: str = DEFAULT_PULL_POLICY,
 ) -> dict[str, Any]:
     """The server pods' template. `image_pull_secrets` (the operator's
     `--server-image-pull-secret`) are Secret names in the EmbeddingService's namespace;
-    `startup_budget_seconds` is what `startup_budget` chose."""
+    `startup_budget_seconds` is what `startup_budget` chose; `default_pull_policy` (the
+    operator's `--server-image-pull-policy`) serves when the spec sets no imagePullPolicy."""
     period = spec.probes.period_seconds
     container: dict[str, Any] = {
         "name": SERVER_CONTAINER,
         "image": spec.image or default_image,
-        "imagePullPolicy": spec.image_pull_policy,
+        "imagePullPolicy": spec.image_pull_policy or default_pull_policy,
         "args": server_args(spec),
         "env": [
-            {"name": "WARMGATE_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            # Binds to the pod's own address (the --host flag's environment twin).
+            {"name": BY_DEST["host"].env, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {
                 "name": "POD_NAMESPACE",
@@ -429,6 +444,7 @@ def build_deployment(
     image_pull_secrets: Sequence[str] = (),
     startup_budget_seconds: int = UNMEASURED_STARTUP_BUDGET,
     hub_endpoint: str | None = None,
+    default_pull_policy: str = DEFAULT_PULL_POLICY,
 ) -> dict[str, Any]:
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(owner.name)},
@@ -442,7 +458,13 @@ def build_deployment(
         "progressDeadlineSeconds": spec.progress_deadline_seconds(startup_budget_seconds),
         "revisionHistoryLimit": 5,
         "template": build_pod_template(
-            spec, owner, default_image, image_pull_secrets, startup_budget_seconds, hub_endpoint
+            spec,
+            owner,
+            default_image,
+            image_pull_secrets,
+            startup_budget_seconds,
+            hub_endpoint,
+            default_pull_policy,
         ),
     }
     # With autoscaling on, the HPA owns the replica count: the field is left out entirely so
@@ -611,10 +633,12 @@ def build_children(
     startup_seconds: float | None = None,
     live_deployment: Mapping[str, Any] | None = None,
     hub_endpoint: str | None = None,
+    default_pull_policy: str = DEFAULT_PULL_POLICY,
 ) -> DesiredChildren:
     """Every child; `default_image` serves when the spec names no image, and its pods pull it
-    with `image_pull_secrets`. `startup_seconds` (status.startupSeconds) and the live Deployment
-    size the startup probe when the spec does not (`startup_budget`)."""
+    with `image_pull_secrets` as `default_pull_policy` says, unless the spec sets a policy.
+    `startup_seconds` (status.startupSeconds) and the live Deployment size the startup probe
+    when the spec does not (`startup_budget`)."""
     budget = startup_budget(
         spec,
         owner,
@@ -623,11 +647,18 @@ def build_children(
         startup_seconds,
         live_deployment,
         hub_endpoint,
+        default_pull_policy,
     )
     return DesiredChildren(
         configmap=build_configmap(spec, owner, observed_shapes),
         deployment=build_deployment(
-            spec, owner, default_image, image_pull_secrets, budget, hub_endpoint
+            spec,
+            owner,
+            default_image,
+            image_pull_secrets,
+            budget,
+            hub_endpoint,
+            default_pull_policy,
         ),
         service=build_service(spec, owner),
         hpa=build_hpa(spec, owner),

@@ -12,6 +12,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from warmgate_contract.names import API_VERSION, KIND
+
+from .spec import PULL_POLICIES
+
 DEFAULT_SERVER_IMAGE = "ghcr.io/warmgate/warmgate-server:0.1.0"
 FIELD_MANAGER = "warmgate"
 LOG_FORMATS = ("json", "text")
@@ -39,6 +43,9 @@ class OperatorConfig:
     stats_file: where to keep a JSON file of API request counts and peak memory, or None.
     server_image_pull_secrets: names of Secrets (in each EmbeddingService's namespace) that
         every server pod lists in `imagePullSecrets`, for a server image in a private registry.
+    server_image_pull_policy: the server container's `imagePullPolicy` (IfNotPresent, Always
+        or Never) for EmbeddingServices that set no `spec.imagePullPolicy`; Never suits a
+        local cluster whose nodes were loaded with the image.
     hub_endpoint: the Hugging Face hub (or mirror) URL that hub-sourced pods download from
         when their spec names none (HF_ENDPOINT); None: huggingface.co.
     leader_elect: hold a coordination Lease before operating (several replicas: one leads,
@@ -57,6 +64,7 @@ class OperatorConfig:
     liveness_endpoint: str | None = None
     stats_file: str | None = None
     server_image_pull_secrets: tuple[str, ...] = ()
+    server_image_pull_policy: str = "IfNotPresent"
     hub_endpoint: str | None = None
     leader_elect: bool = False
     lease_name: str = "warmgate-operator"
@@ -115,6 +123,11 @@ class OperatorConfig:
                 )
         if len(set(self.server_image_pull_secrets)) != len(self.server_image_pull_secrets):
             raise ConfigError("--server-image-pull-secret names a Secret twice: list each once")
+        if self.server_image_pull_policy not in PULL_POLICIES:
+            raise ConfigError(
+                f"--server-image-pull-policy {self.server_image_pull_policy!r} must be one of "
+                f"{', '.join(PULL_POLICIES)}"
+            )
 
     @property
     def clusterwide(self) -> bool:
@@ -128,7 +141,7 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     defaults = OperatorConfig()
     parser = argparse.ArgumentParser(
         prog="python -m warmgate_operator",
-        description="warmgate operator: reconciles EmbeddingServices (warmgate.dev/v1alpha1).",
+        description=f"warmgate operator: reconciles {KIND}s ({API_VERSION}).",
     )
     parser.add_argument(
         "--default-image",
@@ -174,6 +187,12 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "env WARMGATE_OPERATOR_SERVER_IMAGE_PULL_SECRETS, comma-separated)",
     )
     parser.set_defaults(env_pull_secrets=twin("server-image-pull-secrets", ""))
+    parser.add_argument(
+        "--server-image-pull-policy",
+        default=twin("server-image-pull-policy", defaults.server_image_pull_policy),
+        help="imagePullPolicy of server pods whose EmbeddingService sets none: "
+        f"{', '.join(PULL_POLICIES)} (Never: a local cluster whose nodes have the image)",
+    )
     parser.add_argument(
         "--hub-endpoint",
         default=twin("hub-endpoint", None),
@@ -232,6 +251,7 @@ def load_config(
             liveness_endpoint=args.liveness_endpoint or None,
             stats_file=args.stats_file or None,
             server_image_pull_secrets=pull_secrets,
+            server_image_pull_policy=str(args.server_image_pull_policy),
             hub_endpoint=args.hub_endpoint or None,
             leader_elect=bool(args.leader_elect),
             lease_name=str(args.lease_name),

@@ -13,11 +13,13 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from warmgate_contract.names import OPERATOR_NAME, REPORTING_COMPONENT
+
 from .kube import EVENT, ApiError
 
 logger = logging.getLogger(__name__)
 
-COMPONENT = "warmgate-operator"
+COMPONENT = OPERATOR_NAME
 
 
 class Client(Protocol):
@@ -68,7 +70,7 @@ class EventRecorder:
             "reason": reason,
             "message": message[:1024],
             "source": {"component": COMPONENT},
-            "reportingComponent": "warmgate.dev/operator",
+            "reportingComponent": REPORTING_COMPONENT,
             "reportingInstance": self._instance,
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,

@@ -14,8 +14,10 @@ from typing import Any
 
 from warmgate_contract import flags
 from warmgate_contract.names import (
+    LOADED_CONDITION,
     REASON_BAD_REPORT,
     REASON_FAILED,
+    REASON_LOADED,
     REASON_MODEL_MISMATCH,
     REASON_NOT_READY,
     REASON_REVISION_MISMATCH,
@@ -24,6 +26,7 @@ from warmgate_contract.names import (
     SERVER_CONTAINER,
     SERVER_PORT,
     SERVER_PORT_NAME,
+    SERVICE_LABEL,
     SPEC_HASH_ANNOTATION,
     WARMED_CONDITION,
 )
@@ -227,15 +230,51 @@ def check_same_files(verdict: Verdict, reference: Identity | None, holder: str) 
 
 
 def loaded_identity(pod: Mapping[str, Any]) -> Identity | None:
-    """What a verified pod loaded, as its warmgate.dev/warmed condition recorded it."""
-    current = condition(pod)
-    if not current or current.get("status") != "True":
-        return None
-    match = _LOADED.search(current.get("message") or "")
+    """What a pod's server loaded: as the gate recorded it in the warmgate.dev/warmed condition
+    when it verified the pod, else as the warmgate.dev/loaded condition of an ungated pod
+    recorded it for the pod's current process."""
+    verified = condition(pod)
+    if verified and verified.get("status") == "True":
+        return _identity_in(verified.get("message") or "")
+    if identity_recorded(pod):
+        return _identity_in((condition(pod, LOADED_CONDITION) or {}).get("message") or "")
+    return None
+
+
+def _identity_in(message: str) -> Identity | None:
+    match = _LOADED.search(message)
     if match is None:
         return None
     commit = None if match.group(1) == "-" else match.group(1)
     return commit, match.group(2)
+
+
+def records_identity(pod: Mapping[str, Any]) -> bool:
+    """An EmbeddingService's pod without the warm gate: the gatekeeper does not verify it, but
+    records what its server loaded (`identity_verdict`)."""
+    labels = pod.get("metadata", {}).get("labels") or {}
+    return SERVICE_LABEL in labels and not has_gate(pod)
+
+
+def identity_recorded(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's warmgate.dev/loaded condition speaks for its current process: written
+    at its present restart count (a restarted server may have loaded other files)."""
+    current = condition(pod, LOADED_CONDITION)
+    if not current or current.get("status") != "True":
+        return False
+    return (current.get("message") or "").endswith(f"(restarts={restart_count(pod)})")
+
+
+def identity_verdict(document: Any) -> Verdict | None:
+    """The warmgate.dev/loaded condition's verdict for an ungated pod's `/ready` report: what
+    its server loaded. None while the report names no files yet (or is not a report)."""
+    try:
+        identity = ReadyReport.from_json(document).loaded_identity
+    except ReportError:
+        return None
+    if identity is None:
+        return None
+    return Verdict(True, REASON_LOADED, f"loaded {describe_identity(identity)}", identity=identity)
 
 
 def template_key(pod: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -320,16 +359,20 @@ def restarted_since_verified(pod: Mapping[str, Any]) -> bool:
 
 
 def desired_condition(
-    verdict: Verdict, restarts: int, existing: Mapping[str, Any] | None, now: str
+    verdict: Verdict,
+    restarts: int,
+    existing: Mapping[str, Any] | None,
+    now: str,
+    condition_type: str = WARMED_CONDITION,
 ) -> dict[str, Any]:
-    """The `warmgate.dev/warmed` condition to write; keeps `lastTransitionTime` when the status
-    does not change (API conventions)."""
+    """The `warmgate.dev/warmed` (or `condition_type`) condition to write; keeps
+    `lastTransitionTime` when the status does not change (API conventions)."""
     status = "True" if verdict.passed else "False"
     transition = now
     if existing and existing.get("status") == status and existing.get("lastTransitionTime"):
         transition = existing["lastTransitionTime"]
     return {
-        "type": WARMED_CONDITION,
+        "type": condition_type,
         "status": status,
         "reason": verdict.reason,
         "message": f"{verdict.message} (restarts={restarts})",

@@ -3,6 +3,10 @@
 condition. Kubelet makes the pod Ready only once that condition is True, so no pod receives
 traffic before the operator has seen it warm.
 
+A pod without the gate (`spec.rollout.warmGate: false`) is not verified, but its worker still
+reads what the server loaded once the pod is ready and records it in the pod's
+`warmgate.dev/loaded` condition, so that `status.model` names the commit and weights that serve.
+
 Workers live in memory, keyed by pod uid: kopf timers and daemons would put finalizers on pods,
 and the gate must never block a pod's deletion. Pod watch events (`observe`) start, feed and
 stop them; after a restart of the operator the watch's initial listing starts them again.
@@ -166,7 +170,7 @@ class Gatekeeper:
     def observe(self, event_type: str | None, pod: Mapping[str, Any]) -> None:
         uid = pod.get("metadata", {}).get("uid")
         self._confirmations.seen(uid)
-        if not uid or not gate.has_gate(pod):
+        if not uid or not (gate.has_gate(pod) or gate.records_identity(pod)):
             return
         if event_type == "DELETED" or pod.get("metadata", {}).get("deletionTimestamp"):
             self._stop(uid)
@@ -239,8 +243,9 @@ class Gatekeeper:
                 log.info("pod %s was deleted while the watch was down", _name(pod))
                 self._stop(uid)
                 return
+            step = self._step if gate.has_gate(pod) else self._record_identity
             try:
-                delay, warning = await self._step(pod, backoff)
+                delay, warning = await step(pod, backoff)
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # an apiserver hiccup must not kill the worker
@@ -325,6 +330,32 @@ class Gatekeeper:
         quiet = verdict.reason == names.REASON_NOT_READY
         return backoff, None if quiet else warning
 
+    async def _record_identity(
+        self, pod: Mapping[str, Any], backoff: float
+    ) -> tuple[float | None, str | None]:
+        """An ungated pod: once ready, record what its server loaded (again after a restart).
+        Settled, it costs no call: the condition says whether it speaks for this process."""
+        if gate.identity_recorded(pod):
+            return None, None
+        expected, host = gate.expectation_for(pod), pod_address(pod)
+        if expected is None or host is None or not gate.containers_ready(pod):
+            return self._config.backoff_max_seconds, None  # the next pod event wakes us
+        try:
+            _, report = await self._reports.report(host, expected.port)
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return backoff, None
+        verdict = gate.identity_verdict(report)
+        if verdict is None:  # not a report, or no files named yet: ask again
+            return backoff, None
+        existing = gate.condition(pod, names.LOADED_CONDITION)
+        restarts = gate.restart_count(pod)
+        desired = gate.desired_condition(
+            verdict, restarts, existing, _now(), names.LOADED_CONDITION
+        )
+        if gate.condition_changed(existing, desired):
+            await self._patch(pod, desired)
+        return None, None
+
     async def _check_regression(
         self,
         pod: Mapping[str, Any],
@@ -380,15 +411,18 @@ class Gatekeeper:
         desired = gate.desired_condition(verdict, restarts, existing, _now())
         if not gate.condition_changed(existing, desired):
             return
-        meta = pod["metadata"]
-        body = gate.status_patch(desired, meta.get("resourceVersion"))
-        await self._writer.patch_status(meta["namespace"], meta["name"], body)
+        await self._patch(pod, desired)
         metrics.GATE_VERIFICATIONS.labels(reason=verdict.reason).inc()
         if verdict.passed:
             ready_since = gate.containers_ready_since(pod)
             if ready_since is not None:
                 metrics.GATE_LATENCY.observe(max(0.0, time.time() - ready_since))
             await self._events(pod, "Normal", verdict.reason, verdict.message)
+
+    async def _patch(self, pod: Mapping[str, Any], desired: Mapping[str, Any]) -> None:
+        meta = pod["metadata"]
+        body = gate.status_patch(desired, meta.get("resourceVersion"))
+        await self._writer.patch_status(meta["namespace"], meta["name"], body)
 
 
 def _name(pod: Mapping[str, Any]) -> str:

@@ -242,7 +242,7 @@ async def _beat() -> None:
 
 def _start_gatekeeper(memo: kopf.Memo, client: KubeClient, recorder: EventRecorder) -> Gatekeeper:
     """The warm gate's workers: they verify each gated pod's /ready report and patch its
-    warmgate.dev/warmed condition (see gatekeeper.py)."""
+    warmgate.dev/warmed condition, and record what an ungated pod loaded (see gatekeeper.py)."""
     config = GateConfig()
     memo.http = aiohttp.ClientSession(trust_env=False)
 

@@ -21,7 +21,13 @@ from typing import Any
 import aiohttp
 
 from warmgate_contract.names import SERVER_PORT, SERVICE_LABEL
-from warmgate_contract.report import merge_profiles, parse_profile, render_profile
+from warmgate_contract.report import (
+    ReadyReport,
+    ReportError,
+    merge_profiles,
+    parse_profile,
+    render_profile,
+)
 
 from .controller import Key
 from .gatekeeper import read_capped
@@ -44,6 +50,24 @@ def merged_shapes(profiles: Iterable[Any], max_shapes: int) -> list[dict]:
         except ValueError:
             continue
     return render_profile(merge_profiles(entries, max_shapes))["shapes"]
+
+
+def slowest_warmup(reports: Iterable[Any]) -> float | None:
+    """The longest warmup (seconds) the pods' `/ready` reports give, read as the contract's
+    ReadyReport; a report that does not follow the contract, or gives no time yet, is left out
+    like a pod that did not answer."""
+    seconds = []
+    for document in reports:
+        if document is None:
+            continue
+        try:
+            report = ReadyReport.from_json(document)
+        except ReportError as error:
+            log.debug("a /ready report left out: %s", error)
+            continue
+        if report.warmup_seconds is not None:
+            seconds.append(report.warmup_seconds)
+    return round(max(seconds), 3) if seconds else None
 
 
 def traffic_settings(spec: EmbeddingServiceSpec | None) -> tuple[bool, int, float]:
@@ -167,13 +191,7 @@ class TrafficObserver:
         profiles = await asyncio.gather(*(self._fetch(p, "/warmup/profile") for p in ready))
         reports = await asyncio.gather(*(self._fetch(p, "/ready") for p in ready))
         shapes = merged_shapes([p for p in profiles if p], max_shapes)
-        seconds = [
-            float(r["warmup_seconds"])
-            for r in reports
-            if isinstance(r, Mapping) and r.get("warmup_seconds") is not None
-        ]
-        warmup = round(max(seconds), 3) if seconds else None
-        operations = status_patch(body, shapes, warmup)
+        operations = status_patch(body, shapes, slowest_warmup(reports))
         if operations is None:
             return False
         try:

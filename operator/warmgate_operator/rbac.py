@@ -9,7 +9,9 @@ from typing import Any
 
 import yaml
 
-ROLE_NAME = "warmgate-operator"
+from warmgate_contract.names import NAME_LABEL, OPERATOR_NAME
+
+ROLE_NAME = OPERATOR_NAME
 
 
 @cache
@@ -38,7 +40,7 @@ def cluster_role(name: str = ROLE_NAME) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "warmgate-operator"}},
+        "metadata": {"name": name, "labels": {NAME_LABEL: OPERATOR_NAME}},
         "rules": namespaced_rules() + cluster_rules(),
     }
 

@@ -28,7 +28,14 @@ from .kube import (
     KubeClient,
 )
 from .spec import ParsedSpecs, SpecError
-from .status import Problem, compute_status, newly_degraded
+from .status import (
+    APPLY_FAILED_REASON,
+    CONFLICT_REASON,
+    INVALID_SPEC_REASON,
+    Problem,
+    compute_status,
+    newly_degraded,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +91,7 @@ async def _apply_children(
         startup_seconds=status.get("startupSeconds"),
         live_deployment=live,
         hub_endpoint=ctx.config.hub_endpoint,
+        default_pull_policy=ctx.config.server_image_pull_policy,
     )
     cache = ctx.cache
     outcomes = []
@@ -138,8 +146,8 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
     try:
         spec = ctx.specs.of(body)
     except SpecError as error:
-        problem = Problem("InvalidSpec", str(error), blocking=True)
-        await ctx.recorder.record(body, "Warning", "InvalidSpec", str(error))
+        problem = Problem(INVALID_SPEC_REASON, str(error), blocking=True)
+        await ctx.recorder.record(body, "Warning", problem.reason, problem.message)
 
     if spec is not None:
         try:
@@ -148,13 +156,13 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
             await _record_changes(ctx, body, outcomes)
         except apply.ChildConflict as error:
             ctx.cache.forget(owner.uid)
-            problem = Problem("ChildConflict", str(error), blocking=True)
-            await ctx.recorder.record(body, "Warning", "ChildConflict", str(error))
+            problem = Problem(CONFLICT_REASON, str(error), blocking=True)
+            await ctx.recorder.record(body, "Warning", problem.reason, problem.message)
             requeue = RETRY_SECONDS * 6
         except ApiError as error:
             ctx.cache.forget(owner.uid)
-            problem = Problem("ApplyFailed", str(error))
-            await ctx.recorder.record(body, "Warning", "ApplyFailed", str(error))
+            problem = Problem(APPLY_FAILED_REASON, str(error))
+            await ctx.recorder.record(body, "Warning", problem.reason, problem.message)
             requeue = RETRY_SECONDS
 
     if not applied:

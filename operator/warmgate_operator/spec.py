@@ -13,9 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-DEVICES = ("cpu", "cuda")
-DTYPES = ("float32", "float16", "bfloat16")
-POOLINGS = ("mean", "cls", "last")
+from warmgate_contract import flags
+
+# The server's values (the contract's), less `auto` for the device and dtype: the operator
+# decides them before the pod exists (a cuda pod requests a GPU; float16 needs cuda).
+DEVICES = tuple(value for value in flags.DEVICES if value != "auto")
+DTYPES = tuple(value for value in flags.DTYPES if value != "auto")
+POOLINGS = flags.POOLINGS
+TOKEN_ID_KINDS = flags.TOKEN_ID_KINDS
+PACKINGS = flags.PACKINGS
+CUDA_GRAPHS = flags.CUDA_GRAPHS
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 PULL_POLICIES = ("IfNotPresent", "Always", "Never")
 # The server pods' own volumes (builders.py): spec.volumes may not reuse these names.
@@ -91,6 +98,8 @@ class ModelSpec:
     max_input_length: int | None = None
     auto_truncate: bool = False
     openai_token_ids: str = "model"
+    default_prompt_name: str | None = None
+    default_prompt: str | None = None
     source: ModelSource = field(default_factory=ModelSource)
 
 
@@ -98,6 +107,9 @@ class ModelSpec:
 class RuntimeSpec:
     device: str = "cpu"
     dtype: str = "float32"
+    packing: str = "auto"
+    cuda_graphs: str = "auto"
+    tokenization_workers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -201,7 +213,8 @@ class ServiceSpec:
 class EmbeddingServiceSpec:
     model: ModelSpec
     image: str | None = None
-    image_pull_policy: str = "IfNotPresent"
+    image_pull_policy: str | None = None
+    """None: the operator's --server-image-pull-policy."""
     replicas: int = 1
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     resources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
@@ -357,12 +370,18 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         max_input_length=_int(model_raw, "maxInputLength", None, "spec.model"),
         auto_truncate=bool(_get(model_raw, "autoTruncate", False)),
         openai_token_ids=_get(model_raw, "openaiTokenIds", "model"),
+        default_prompt_name=_get(model_raw, "defaultPromptName", None),
+        default_prompt=_get(model_raw, "defaultPrompt", None),
         source=source,
     )
 
     runtime_raw = _section(raw, "runtime")
     runtime = RuntimeSpec(
-        device=_get(runtime_raw, "device", "cpu"), dtype=_get(runtime_raw, "dtype", "float32")
+        device=_get(runtime_raw, "device", "cpu"),
+        dtype=_get(runtime_raw, "dtype", "float32"),
+        packing=_get(runtime_raw, "packing", "auto"),
+        cuda_graphs=_get(runtime_raw, "cudaGraphs", "auto"),
+        tokenization_workers=_int(runtime_raw, "tokenizationWorkers", None, "spec.runtime"),
     )
 
     b = _section(raw, "batching")
@@ -477,7 +496,7 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
     spec = EmbeddingServiceSpec(
         model=model,
         image=raw.get("image") or None,
-        image_pull_policy=_get(raw, "imagePullPolicy", "IfNotPresent"),
+        image_pull_policy=raw.get("imagePullPolicy") or None,
         replicas=_int(raw, "replicas", 1, "spec"),
         runtime=runtime,
         resources=resources,
@@ -507,12 +526,19 @@ def _check(spec: EmbeddingServiceSpec) -> None:
     for name, value, allowed in (
         ("spec.runtime.device", spec.runtime.device, DEVICES),
         ("spec.runtime.dtype", spec.runtime.dtype, DTYPES),
+        ("spec.runtime.packing", spec.runtime.packing, PACKINGS),
+        ("spec.runtime.cudaGraphs", spec.runtime.cuda_graphs, CUDA_GRAPHS),
         ("spec.model.pooling", spec.model.pooling, POOLINGS),
+        ("spec.model.openaiTokenIds", spec.model.openai_token_ids, TOKEN_ID_KINDS),
         ("spec.service.type", spec.service.type, SERVICE_TYPES),
         ("spec.imagePullPolicy", spec.image_pull_policy, PULL_POLICIES),
     ):
         if value is not None and value not in allowed:
             raise SpecError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    if spec.model.default_prompt_name is not None and spec.model.default_prompt is not None:
+        raise SpecError("spec.model.defaultPromptName and spec.model.defaultPrompt: set one")
+    if spec.runtime.cuda_graphs == "on" and spec.runtime.device != "cuda":
+        raise SpecError("spec.runtime.cudaGraphs on needs spec.runtime.device cuda")
     if spec.replicas < 0:
         raise SpecError("spec.replicas must be 0 or more")
     if spec.autoscaling.enabled and spec.autoscaling.min_replicas > spec.autoscaling.max_replicas:

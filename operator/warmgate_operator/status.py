@@ -33,6 +33,7 @@ FAILING_WAIT_REASONS = frozenset(
         "CrashLoopBackOff",
         "ImagePullBackOff",
         "ErrImagePull",
+        "ErrImageNeverPull",  # imagePullPolicy Never and the image is not on the node
         "InvalidImageName",
         "CreateContainerConfigError",
         "CreateContainerError",
@@ -43,6 +44,12 @@ FAILING_WAIT_REASONS = frozenset(
 PERMANENT_GATE_REASONS = frozenset({REASON_FAILED, REASON_MODEL_MISMATCH, REASON_REVISION_MISMATCH})
 # Fields other writers own (the observed-traffic timer); the reducer carries them over.
 CARRIED_FIELDS = ("observedShapes", "warmupSeconds")
+
+
+# Reasons of the problems reconcile reports (Degraded, Ready when blocking, and an Event).
+INVALID_SPEC_REASON = "InvalidSpec"
+CONFLICT_REASON = "ChildConflict"
+APPLY_FAILED_REASON = "ApplyFailed"
 
 
 @dataclass(frozen=True)
@@ -126,8 +133,7 @@ def _failing_pod(pods: Sequence[Mapping[str, Any]]) -> str | None:
         if (
             gate is not None
             and gate.get("status") == "False"
-            and gate.get("reason")
-            in (REASON_FAILED, REASON_MODEL_MISMATCH, REASON_REVISION_MISMATCH)
+            and gate.get("reason") in PERMANENT_GATE_REASONS
         ):
             name = _get(pod, "metadata", "name", default="?")
             return f"pod {name}: {gate['reason']}: {gate.get('message') or ''}".strip()
@@ -143,7 +149,8 @@ def _failing_pod(pods: Sequence[Mapping[str, Any]]) -> str | None:
 
 def _serving_model(pods: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
     """The model most ready pods serve: id and revision from their template annotations, the
-    commit and weights digest they loaded from their warm-gate condition."""
+    commit and weights digest they loaded from the condition the gatekeeper records on each
+    (warmgate.dev/warmed with the warm gate on, warmgate.dev/loaded with it off)."""
     counts = Counter(
         (
             _get(p, "metadata", "annotations", MODEL_ID_ANNOTATION),
@@ -248,9 +255,6 @@ def degraded_condition(facts: Facts) -> Condition:
     if facts.failing is not None:
         return Condition("Degraded", "True", "PodsFailing", facts.failing)
     return Condition("Degraded", "False", "AsExpected", "")
-
-
-CONFLICT_REASON = "ChildConflict"
 
 
 def conflict_condition(facts: Facts) -> Condition:

@@ -3,6 +3,7 @@ the operator's CRD and RBAC (its one source of truth)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -74,6 +75,7 @@ def test_chart_copies_are_in_sync_with_their_sources():
                 "serverImage=registry.local/warmgate-server:dev",
                 "serviceAccount.name=embedder",
                 "serverImagePullSecrets={regcred,mirror-creds}",
+                "serverImagePullPolicy=Never",
                 "imagePullSecrets[0].name=operator-creds",
             ],
         ),
@@ -175,6 +177,7 @@ def test_pod_monitors_are_off_by_default_and_scrape_both_when_on(helm):
         ("metrics.operatorPodMonitor.interval=often", "interval"),
         ("unknownValue=1", "unknownValue"),
         ("serverImagePullSecrets={Reg_Cred}", "serverImagePullSecrets"),
+        ("serverImagePullPolicy=Sometimes", "serverImagePullPolicy"),
     ],
 )
 def test_bad_values_fail_at_install_with_the_value_named(helm, value, complaint):
@@ -186,6 +189,7 @@ def test_bad_values_fail_at_install_with_the_value_named(helm, value, complaint)
 DEFAULT_OPERATOR_SETTINGS = {
     "namespaces": (),
     "server_image_pull_secrets": (),
+    "server_image_pull_policy": "IfNotPresent",
     "log_format": "json",
     "log_level": "INFO",
     "resync_seconds": 60.0,
@@ -205,6 +209,7 @@ DEFAULT_OPERATOR_SETTINGS = {
             [
                 "watchNamespaces={team-a,team-b}",
                 "serverImagePullSecrets={regcred,mirror-creds}",
+                "serverImagePullPolicy=Never",
                 "serverImage=registry.local/warmgate-server:dev",
                 "logFormat=text",
                 "logLevel=DEBUG",
@@ -216,6 +221,7 @@ DEFAULT_OPERATOR_SETTINGS = {
             {
                 "namespaces": ("team-a", "team-b"),
                 "server_image_pull_secrets": ("regcred", "mirror-creds"),
+                "server_image_pull_policy": "Never",
                 "default_image": "registry.local/warmgate-server:dev",
                 "log_format": "text",
                 "log_level": "DEBUG",
@@ -241,3 +247,10 @@ def test_the_operator_accepts_every_argument_the_chart_renders(helm, values, exp
     port = int(wanted["http_address"].rsplit(":", 1)[1])
     assert container["ports"] == [{"name": "http", "containerPort": port}]
     assert container["livenessProbe"]["httpGet"]["port"] == "http"
+
+
+def test_the_server_pull_policy_value_offers_what_the_operator_accepts():
+    from warmgate_operator.spec import PULL_POLICIES
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert tuple(schema["properties"]["serverImagePullPolicy"]["enum"]) == PULL_POLICIES

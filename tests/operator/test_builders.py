@@ -181,6 +181,33 @@ def test_pooling_and_normalize_are_passed_only_when_the_spec_sets_them() -> None
     assert "--pooling=cls" in args and "--no-normalize" in args
 
 
+def test_prompts_and_the_forward_pass_settings_reach_the_server() -> None:
+    """Unset (auto), packing and CUDA graphs are left to the server, so upgrading the operator
+    rolls no pod; set, they and the prompt settings become flags the server reads."""
+    args = container(children().deployment)["args"]
+    assert not [a for a in args if a.startswith(("--packing", "--cuda-graphs", "--default-"))]
+    args = container(
+        children(
+            **{
+                "model.defaultPromptName": "query",
+                "runtime.device": "cuda",
+                "runtime.cudaGraphs": "on",
+                "runtime.packing": "off",
+                "runtime.tokenizationWorkers": 3,
+            }
+        ).deployment
+    )["args"]
+    for flag in (
+        "--default-prompt-name=query",
+        "--cuda-graphs=on",
+        "--packing=off",
+        "--tokenization-workers=3",
+    ):
+        assert flag in args
+    args = container(children(**{"model.defaultPrompt": "query: "}).deployment)["args"]
+    assert "--default-prompt=query: " in args
+
+
 def test_bind_address_and_pod_name_come_from_the_downward_api() -> None:
     env = {e["name"]: e for e in container(children().deployment)["env"]}
     assert env["WARMGATE_HOST"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
@@ -188,6 +215,52 @@ def test_bind_address_and_pod_name_come_from_the_downward_api() -> None:
     assert container(children().deployment)["ports"] == [
         {"name": "http", "containerPort": 8080, "protocol": "TCP"}
     ]
+
+
+def test_the_pull_policy_is_the_services_own_else_the_operators() -> None:
+    """An EmbeddingService's imagePullPolicy wins; without one, the operator's
+    --server-image-pull-policy decides (IfNotPresent unless configured)."""
+    unset = parse_spec(example_spec())
+    assert unset.image_pull_policy is None
+
+    def policy(spec: Any, **operator: Any) -> str:
+        return container(build_children(spec, OWNER, "img", **operator).deployment)[
+            "imagePullPolicy"
+        ]
+
+    assert policy(unset) == "IfNotPresent"
+    assert policy(unset, default_pull_policy="Never") == "Never"
+    own = parse_spec(example_spec(imagePullPolicy="Always"))
+    assert policy(own, default_pull_policy="Never") == "Always"
+
+
+def pull_secret_template(*secrets: str) -> dict[str, Any]:
+    spec = parse_spec(example_spec())
+    return build_children(spec, OWNER, "img", image_pull_secrets=secrets).deployment["spec"][
+        "template"
+    ]
+
+
+def test_server_pods_list_the_operators_pull_secrets_in_order() -> None:
+    pod = pull_secret_template("regcred", "mirror")["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
+
+
+def test_no_pull_secrets_leave_the_pod_template_as_it_was() -> None:
+    """An operator upgrade without pull secrets must not roll every server pod."""
+    plain = build_children(parse_spec(example_spec()), OWNER, "img").deployment
+    assert "imagePullSecrets" not in plain["spec"]["template"]["spec"]
+    assert pull_secret_template() == plain["spec"]["template"]
+
+
+def test_adding_a_pull_secret_changes_the_template_hash() -> None:
+    """The secret is part of the pod template, so pods are rebuilt with it (and only then)."""
+    plain, with_secret = pull_secret_template(), pull_secret_template("regcred")
+    hashes = {
+        template["metadata"]["annotations"][builders.SPEC_HASH_ANNOTATION]
+        for template in (plain, with_secret)
+    }
+    assert len(hashes) == 2
 
 
 def test_profile_is_mounted_from_the_configmap() -> None:

@@ -22,8 +22,9 @@ from support.cluster import (
     get_json,
     install_crd,
     items,
-    wait_until,
 )
+
+from warmgate_devcluster.testkit import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -382,6 +383,22 @@ def stats_written_after(path: Path, moment: float) -> dict[str, Any]:
     return wait_until(fresh, timeout=30, what=f"{path.name} rewritten")
 
 
+def settled_stats(path: Path, op: Any, timeout: float = 90) -> dict[str, Any]:
+    """The operator's stats once two snapshots a resync and more apart show the same child
+    writes (files written after each moment: the file is rewritten once a second)."""
+    gap = float(RESYNC) + 1.5
+    previous = stats_written_after(path, time.time())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(gap)
+        current = stats_written_after(path, time.time())
+        if child_writes(current) == child_writes(previous):
+            return current
+        previous = current
+    why = [m for m in (line.get("message", "") for line in op.log_lines()) if "updat" in m]
+    raise AssertionError(f"the operator kept writing children for {timeout:g}s: {why[-10:]}")
+
+
 def test_idle_operator_writes_nothing(
     devcluster: Any, crd: None, namespace: str, tmp_path: Path
 ) -> None:
@@ -433,10 +450,13 @@ def test_idle_operator_writes_nothing(
                         ]
             return out
 
-        # The operator rewrites its stats file once a second: a snapshot read at once may predate
-        # the very writes whose results were just observed (it did, under load), so only a file
-        # written after this moment counts.
-        before, stats_before = versions(), stats_written_after(stats_file, time.time())
+        # Idle starts once the operator has converged: its child writes (server-side apply
+        # creates with a PATCH too) stop changing over a whole resync and more. A snapshot taken
+        # while the last creations of "busy" were still on their way would blame the idle
+        # window for them; an operator that keeps writing never converges and fails here, with
+        # the fields it found different in its log.
+        stats_before = settled_stats(stats_file, op)
+        before = versions()
         time.sleep(3 * float(RESYNC) + 2)  # several resyncs
         stats_after = stats_written_after(stats_file, time.time())
         # On a failure, the operator's log says which field it found different and wrote.

@@ -49,6 +49,53 @@ def test_bad_values_say_what_to_change(argv: list[str], words: str) -> None:
         load_config(argv, env={})
 
 
+def test_server_image_pull_policy_flag_and_twin() -> None:
+    """Server pods pull IfNotPresent unless the operator is told otherwise (a local cluster
+    whose nodes were loaded with the image says Never); the flag wins over its twin."""
+    assert load_config([], env={}).server_image_pull_policy == "IfNotPresent"
+    env = {"WARMGATE_OPERATOR_SERVER_IMAGE_PULL_POLICY": "Never"}
+    assert load_config([], env=env).server_image_pull_policy == "Never"
+    flagged = load_config(["--server-image-pull-policy=Always"], env=env)
+    assert flagged.server_image_pull_policy == "Always"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (["--server-image-pull-policy", "never"], {}),
+        ([], {"WARMGATE_OPERATOR_SERVER_IMAGE_PULL_POLICY": "Sometimes"}),
+    ],
+)
+def test_an_unknown_pull_policy_names_the_flag_and_the_choices(
+    argv: list[str], env: dict[str, str]
+) -> None:
+    with pytest.raises(ConfigError, match=r"--server-image-pull-policy .* IfNotPresent, Always"):
+        load_config(argv, env=env)
+
+
+def test_server_image_pull_secrets_flag_is_repeatable_and_wins_over_its_twin() -> None:
+    """The chart's `serverImagePullSecrets` reach the operator as this flag (or its twin)."""
+    env = {"WARMGATE_OPERATOR_SERVER_IMAGE_PULL_SECRETS": "from-env, other-env"}
+    assert load_config([], env={}).server_image_pull_secrets == ()
+    assert load_config([], env=env).server_image_pull_secrets == ("from-env", "other-env")
+    config = load_config(
+        ["--server-image-pull-secret=regcred", "--server-image-pull-secret", "mirror.creds"],
+        env=env,
+    )
+    assert config.server_image_pull_secrets == ("regcred", "mirror.creds")
+
+
+@pytest.mark.parametrize("name", ["RegCred", "reg_cred", "-regcred", "a" * 254])
+def test_a_pull_secret_name_that_cannot_be_a_secret_is_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match="--server-image-pull-secret"):
+        load_config([f"--server-image-pull-secret={name}"], env={})
+
+
+def test_a_pull_secret_named_twice_is_refused() -> None:
+    with pytest.raises(ConfigError, match="twice"):
+        load_config(["--server-image-pull-secret=a", "--server-image-pull-secret=a"], env={})
+
+
 def test_main_exits_2_on_a_bad_configuration(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--workers", "100"]) == 2
     assert "--workers" in capsys.readouterr().err

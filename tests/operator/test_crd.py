@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from warmgate_contract import flags
+from warmgate_operator import spec as spec_model
 from warmgate_operator.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,6 +98,38 @@ def test_crd_defaults_agree_with_the_spec_model() -> None:
     defaulted = apply_defaults(spec_schema, {"model": {"id": "m"}})
     assert defaulted["warmup"]["observedTraffic"]["maxShapes"] == 16  # nested defaults reach down
     assert parse_spec(defaulted) == parse_spec({"model": {"id": "m"}})
+
+
+def test_the_crds_choices_are_the_servers_own() -> None:
+    """Each enum the CRD offers for a server setting is the server's value set (the contract's
+    table), except that the device and dtype leave out `auto`: the operator decides those
+    before the pod exists (a cuda pod requests a GPU)."""
+    spec = SCHEMA["properties"]["spec"]["properties"]
+    model, runtime = spec["model"]["properties"], spec["runtime"]["properties"]
+    assert tuple(model["pooling"]["enum"]) == flags.POOLINGS
+    assert tuple(model["openaiTokenIds"]["enum"]) == flags.TOKEN_ID_KINDS
+    for field, server_values in (
+        (runtime["device"], flags.DEVICES),
+        (runtime["dtype"], flags.DTYPES),
+    ):
+        offered = tuple(field["enum"])
+        assert [value for value in server_values if value not in offered] == ["auto"]
+        assert set(offered) < set(server_values)
+    # And the operator checks an old object (stored before a rule) against the same sets.
+    assert tuple(runtime["device"]["enum"]) == spec_model.DEVICES
+    assert tuple(runtime["dtype"]["enum"]) == spec_model.DTYPES
+    assert spec_model.POOLINGS == flags.POOLINGS
+    assert spec_model.TOKEN_ID_KINDS == flags.TOKEN_ID_KINDS
+
+
+def test_the_crds_other_choices_are_the_ones_the_operator_accepts() -> None:
+    spec = SCHEMA["properties"]["spec"]["properties"]
+    source = spec["model"]["properties"]["source"]["properties"]
+    assert tuple(spec["imagePullPolicy"]["enum"]) == spec_model.PULL_POLICIES
+    assert tuple(source["image"]["properties"]["pullPolicy"]["enum"]) == spec_model.PULL_POLICIES
+    assert tuple(spec["service"]["properties"]["type"]["enum"]) == spec_model.SERVICE_TYPES
+    for volume in (source["volume"], spec["model"]["properties"]["volume"]):
+        assert tuple(volume["properties"]["layout"]["enum"]) == spec_model.VOLUME_LAYOUTS
 
 
 def test_examples_use_only_known_fields() -> None:

@@ -225,3 +225,118 @@ async def test_after_a_relist_a_pod_deleted_in_the_gap_stops_its_worker() -> Non
     await asyncio.sleep(0.2)
     assert reports.calls == calls  # nobody polls a deleted pod
     await gatekeeper.close()
+
+
+# ------------------------------------------- pods without the gate: what they loaded, recorded
+COMMIT, DIGEST = "c0ffee1234", "sha256:" + "ab" * 32
+
+
+def ungated_pod(**kwargs: Any) -> dict:
+    """An EmbeddingService's pod with spec.rollout.warmGate false: no readiness gate."""
+    pod = make_pod(**kwargs)
+    del pod["spec"]["readinessGates"]
+    pod["metadata"]["labels"] = {names.SERVICE_LABEL: "minilm"}
+    return pod
+
+
+def loaded_report(commit: str = COMMIT, digest: str | None = DIGEST, **overrides: Any) -> dict:
+    report = make_report(**overrides)
+    report["model"] = {**report["model"], "commit": commit, "weights_digest": digest}
+    return report
+
+
+def with_conditions(pod: dict, *patches: dict) -> dict:
+    """The pod as the API has it after the status patches (conditions merge by type)."""
+    merged = copy.deepcopy(pod)
+    by_type = {c["type"]: c for c in merged["status"]["conditions"]}
+    for body in patches:
+        by_type.update({c["type"]: c for c in body["status"]["conditions"]})
+    merged["status"]["conditions"] = list(by_type.values())
+    return merged
+
+
+async def test_an_ungated_pod_gets_what_it_loaded_recorded_once() -> None:
+    reports, writer = Reports(loaded_report()), Writer()
+    gatekeeper = keeper(reports, writer)
+    pod = ungated_pod()
+    gatekeeper.observe("MODIFIED", pod)
+    await until(lambda: writer.patches)
+    (written,) = writer.patches[0]["status"]["conditions"]
+    assert (written["type"], written["status"], written["reason"]) == (
+        names.LOADED_CONDITION,
+        "True",
+        names.REASON_LOADED,
+    )
+    recorded = with_conditions(pod, *writer.patches)
+    assert gate.loaded_identity(recorded) == (COMMIT, DIGEST)
+    # Nothing to verify and nothing to refresh: the pod as recorded costs no further call.
+    gatekeeper.observe("MODIFIED", recorded)
+    await asyncio.sleep(0.2)
+    await gatekeeper.close()
+    assert reports.calls == 1 and len(writer.patches) == 1
+    assert gate.condition(recorded) is None  # no warmed condition: the gate is off
+
+
+async def test_an_ungated_pod_is_asked_until_its_server_names_the_files() -> None:
+    reports = Reports(
+        TimeoutError(), make_report(phase="loading"), {"not": "a report"}, loaded_report()
+    )
+    writer = Writer()
+    await run(keeper(reports, writer), ungated_pod(), lambda: writer.patches)
+    assert reports.calls == 4
+    assert gate.loaded_identity(with_conditions(ungated_pod(), *writer.patches)) == (
+        COMMIT,
+        DIGEST,
+    )
+
+
+async def test_an_ungated_pod_not_ready_yet_is_not_asked() -> None:
+    reports, writer = Reports(loaded_report()), Writer()
+    gatekeeper = keeper(reports, writer)
+    gatekeeper.observe("MODIFIED", ungated_pod(ready=False))
+    await asyncio.sleep(0.1)
+    await gatekeeper.close()
+    assert reports.calls == 0 and writer.patches == []
+
+
+async def test_after_a_restart_an_ungated_pods_record_is_renewed() -> None:
+    """A restarted server may have loaded other files (a moved branch): the old record no
+    longer speaks for it, and the new process's is written."""
+    first = with_conditions(
+        ungated_pod(),
+        {
+            "status": {
+                "conditions": [
+                    gate.desired_condition(
+                        gate.identity_verdict(loaded_report()),
+                        0,
+                        None,
+                        "2026-11-29T10:00:05Z",
+                        names.LOADED_CONDITION,
+                    )
+                ]
+            }
+        },
+    )
+    assert gate.loaded_identity(first) == (COMMIT, DIGEST)
+    restarted = copy.deepcopy(first)
+    restarted["status"]["containerStatuses"][0]["restartCount"] = 1
+    assert gate.loaded_identity(restarted) is None
+    moved = "sha256:" + "cd" * 32
+    reports, writer = Reports(loaded_report(commit="beef5678", digest=moved)), Writer()
+    await run(keeper(reports, writer), restarted, lambda: writer.patches)
+    assert gate.loaded_identity(with_conditions(restarted, *writer.patches)) == (
+        "beef5678",
+        moved,
+    )
+
+
+async def test_a_pod_neither_gated_nor_an_embedding_services_is_left_alone() -> None:
+    reports, writer = Reports(loaded_report()), Writer()
+    gatekeeper = keeper(reports, writer)
+    stranger = ungated_pod()
+    stranger["metadata"]["labels"] = {}
+    gatekeeper.observe("MODIFIED", stranger)
+    await asyncio.sleep(0.05)
+    assert gatekeeper.active == 0 and reports.calls == 0
+    await gatekeeper.close()

@@ -9,10 +9,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from warmgate_contract.report import ReadyReport
 from warmgate_operator.kube import ApiError
 from warmgate_operator.observed import (
     TrafficObserver,
     merged_shapes,
+    slowest_warmup,
     status_patch,
     traffic_settings,
 )
@@ -43,6 +45,30 @@ def test_a_profile_that_breaks_the_contract_is_left_out_not_fatal():
 def test_ties_break_on_the_smaller_shape_so_the_profile_is_stable():
     merged = merged_shapes([profile((8, 64, 3), (1, 32, 3), (4, 32, 3))], max_shapes=3)
     assert [(m["batch_size"], m["seq_len"]) for m in merged] == [(1, 32), (4, 32), (8, 64)]
+
+
+def report(phase="ready", warmup_seconds=None):
+    """A `/ready` body as the server writes it (the contract's own rendering)."""
+    return ReadyReport(
+        phase=phase,
+        model_id="m",
+        revision="main",
+        served_name="m",
+        device="cpu",
+        dtype="float32",
+        planned=(),
+        warmed=(),
+        warmup_seconds=warmup_seconds,
+    ).to_json()
+
+
+def test_the_slowest_warmup_is_read_from_reports_that_follow_the_contract():
+    assert slowest_warmup([report(warmup_seconds=4.0), report(warmup_seconds=6.25), None]) == 6.25
+    # Still warming (no time yet), or not a report at all: left out, not fatal.
+    broken = {"warmup_seconds": 99.0}  # no phase, no model: not a /ready report
+    wrong_phase = {**report(warmup_seconds=50.0), "phase": "sleeping"}
+    assert slowest_warmup([report("warming"), broken, wrong_phase, report(warmup_seconds=2)]) == 2
+    assert slowest_warmup([broken, "not json", ["a", "list"]]) is None
 
 
 def body(status=None, rv="10"):
@@ -121,15 +147,18 @@ def pod(address, ready=True):
 
 @pytest.fixture
 async def pods():
-    """Three server pods on their own loopback addresses (one port): one answers as the
+    """Four server pods on their own loopback addresses (one port): one answers as the
     contract says, one with a body far too big and a report that is not JSON, one that drops
-    the connection."""
+    the connection, one with a report that is JSON but not the contract's."""
 
     async def good_profile(request):
         return web.json_response(profile((1, 32, 10), (4, 64, 3)))
 
     async def good_report(request):
-        return web.json_response({"phase": "ready", "warmup_seconds": 4.0})
+        return web.json_response(report(warmup_seconds=4.0))
+
+    async def off_contract_report(request):
+        return web.json_response({"phase": "ready", "warmup_seconds": 99.0})
 
     async def huge(request):
         response = web.StreamResponse()
@@ -150,6 +179,7 @@ async def pods():
         (good_profile, good_report),
         (huge, garbage),
         (hang_up, hang_up),
+        (good_profile, off_contract_report),
     ]
     runners, port = [], 0
     for index, (on_profile, on_ready) in enumerate(behaviours):
@@ -168,7 +198,8 @@ async def pods():
 
 
 async def test_a_round_counts_the_pods_that_answer_and_survives_the_rest(pods) -> None:
-    api = Api([pod("127.0.0.2"), pod("127.0.0.3"), pod("127.0.0.4"), pod("127.0.0.5", False)])
+    addresses = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
+    api = Api([pod(address) for address in addresses] + [pod("127.0.0.6", False)])
     async with aiohttp.ClientSession() as session:
         observer = TrafficObserver(
             api, session, {("ns", "m"): body(status={})}.get, port=pods, max_bytes=1 << 20
@@ -176,7 +207,8 @@ async def test_a_round_counts_the_pods_that_answer_and_survives_the_rest(pods) -
         assert await observer.collect(("ns", "m")) is True
     (operations,) = api.patches
     written = {op["path"]: op["value"] for op in operations if op["op"] == "add"}
-    assert written["/status/observedShapes"] == profile((1, 32, 10), (4, 64, 3))["shapes"]
+    assert written["/status/observedShapes"] == profile((1, 32, 20), (4, 64, 6))["shapes"]
+    # The off-contract report's 99 s is not taken for a warmup time.
     assert written["/status/warmupSeconds"] == 4.0
 
 

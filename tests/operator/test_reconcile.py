@@ -66,6 +66,28 @@ async def test_first_reconcile_creates_every_child_and_the_status() -> None:
     assert client.writes - writes == 4 + 1 + 1  # children, status, one event
 
 
+async def test_the_operators_pull_policy_reaches_pods_whose_service_sets_none() -> None:
+    client = FakeClient()
+    new_es(client)
+    rec = reconciler(client)
+    rec.config = OperatorConfig(server_image_pull_policy="Never")
+    await reconcile_latest(client, rec)
+    (server,) = client.find(DEPLOYMENT, "default", "minilm")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert server["imagePullPolicy"] == "Never"
+
+
+async def test_the_reconciled_deployment_carries_the_operators_pull_secrets() -> None:
+    client = FakeClient()
+    new_es(client)
+    rec = reconciler(client)
+    rec.config = OperatorConfig(server_image_pull_secrets=("regcred",))
+    await reconcile_latest(client, rec)
+    pod = client.find(DEPLOYMENT, "default", "minilm")["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+
+
 async def test_second_reconcile_writes_nothing() -> None:
     client = FakeClient()
     new_es(client)

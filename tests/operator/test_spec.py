@@ -93,6 +93,12 @@ def test_startup_failure_threshold_examples(startup: int, period: int, expected:
             "minReplicas",
         ),
         ({"model": {"id": "m"}, "rollout": {"maxSurge": 0, "maxUnavailable": 0}}, "maxSurge"),
+        ({"model": {"id": "m"}, "runtime": {"cudaGraphs": "yes"}}, "spec.runtime.cudaGraphs"),
+        ({"model": {"id": "m"}, "runtime": {"cudaGraphs": "on"}}, "cudaGraphs on needs"),
+        (
+            {"model": {"id": "m", "defaultPromptName": "q", "defaultPrompt": "q: "}},
+            "defaultPromptName and spec.model.defaultPrompt",
+        ),
     ],
 )
 def test_bad_specs_name_the_field(raw: dict, field: str) -> None:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import copy
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from warmgate_contract.report import ReadyReport, WarmedShape
+from warmgate_operator.builders import Owner, build_pod_template
+from warmgate_operator.gate import desired_condition, expectation_for, identity_verdict
+from warmgate_operator.gatekeeper import GateConfig, Gatekeeper
 from warmgate_operator.spec import parse_spec
 from warmgate_operator.status import Problem, compute_status
 
@@ -172,7 +179,12 @@ def test_progress_deadline_is_degraded() -> None:
     assert c["Ready"]["reason"] == "ProgressDeadlineExceeded"
 
 
-def test_crash_looping_pod_is_degraded_with_the_pod_named() -> None:
+@pytest.mark.parametrize(
+    "reason", ["CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"]
+)
+def test_a_failing_pod_is_degraded_with_the_pod_named(reason: str) -> None:
+    """Waiting reasons that do not fix themselves, ErrImageNeverPull included (pull policy
+    Never and the image missing from the node, as in a local cluster)."""
     crashing = pod(
         "c",
         ready=False,
@@ -180,7 +192,7 @@ def test_crash_looping_pod_is_degraded_with_the_pod_named() -> None:
         containerStatuses=[
             {
                 "name": "server",
-                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s"}},
+                "state": {"waiting": {"reason": reason, "message": "back-off 10s"}},
             }
         ],
     )
@@ -188,7 +200,7 @@ def test_crash_looping_pod_is_degraded_with_the_pod_named() -> None:
     c = conditions(status)
     assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "PodsFailing")
     assert "pod c" in c["Degraded"]["message"]
-    assert "CrashLoopBackOff" in c["Degraded"]["message"]
+    assert reason in c["Degraded"]["message"]
 
 
 def test_terminating_pods_do_not_count_as_warmed() -> None:
@@ -317,3 +329,124 @@ def test_startup_seconds_is_the_slowest_current_pods_start_and_kept_meanwhile() 
     # No pod has finished starting (a rollout just replaced them all): the last value stays.
     later = compute_status(SPEC, es(status=status), deployment(), pods[2:], T1)
     assert later["startupSeconds"] == 31
+
+
+# ------------------------------------------------ status.model: the files that serve, gate or not
+COMMIT, DIGEST = "c0ffee1234", "sha256:" + "ab" * 32
+
+
+def server_pod(spec: Any, name: str, uid: str) -> dict[str, Any]:
+    """A running pod of the operator's own template, its server container ready."""
+    template = build_pod_template(spec, Owner("minilm", "default", "uid-es"), "img")
+    return {
+        "metadata": {
+            **copy.deepcopy(template["metadata"]),
+            "name": name,
+            "namespace": "default",
+            "uid": uid,
+            "resourceVersion": "1",
+        },
+        "spec": copy.deepcopy(template["spec"]),
+        "status": {
+            "podIP": "10.0.0.5",
+            "conditions": [{"type": "ContainersReady", "status": "True"}],
+            "containerStatuses": [
+                {
+                    "name": "server",
+                    "ready": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": T0}},
+                }
+            ],
+        },
+    }
+
+
+def served_report(pod: dict[str, Any]) -> dict[str, Any]:
+    """`/ready` as the pod's server writes it: warm, with the commit and weights it loaded."""
+    expected = expectation_for(pod)
+    shapes = tuple(sorted(expected.required_shapes))
+    return ReadyReport(
+        phase="ready",
+        model_id=expected.model_id,
+        revision=expected.revision,
+        served_name="minilm",
+        device="cpu",
+        dtype="float32",
+        planned=shapes,
+        warmed=tuple(WarmedShape(shape, 2.0, 3) for shape in shapes),
+        warmup_seconds=3.0,
+        commit=COMMIT,
+        weights_digest=DIGEST,
+    ).to_json()
+
+
+class PodAnswers:
+    """Each pod's `/ready` (all pods here answer alike) and the status patches written."""
+
+    def __init__(self, report: dict[str, Any]) -> None:
+        self.report_body, self.patches = report, []
+
+    async def report(self, host: str, port: int) -> tuple[int, Any]:
+        return 200, self.report_body
+
+    async def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self.patches.append(body)
+
+
+async def through_the_gatekeeper(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod after the gatekeeper's writes, Ready as kubelet then makes it."""
+    answers = PodAnswers(served_report(pod))
+
+    async def no_events(*_: Any) -> None:
+        return None
+
+    keeper = Gatekeeper(answers, answers, no_events, GateConfig(backoff_max_seconds=0.05))
+    keeper.observe("ADDED", pod)
+    for _ in range(200):
+        if answers.patches:
+            break
+        await asyncio.sleep(0.01)
+    await keeper.close()
+    by_type = {c["type"]: c for c in pod["status"]["conditions"]}
+    for body in answers.patches:
+        by_type.update({c["type"]: c for c in body["status"]["conditions"]})
+    by_type["Ready"] = {"type": "Ready", "status": "True"}
+    return {**pod, "status": {**pod["status"], "conditions": list(by_type.values())}}
+
+
+@pytest.mark.parametrize("warm_gate", [True, False])
+async def test_status_model_names_the_commit_and_weights_that_serve(warm_gate: bool) -> None:
+    """With the gate on, the gatekeeper verifies each pod and its warmed condition records what
+    the server loaded; with it off, the pod is not verified but what it loaded is still
+    recorded (warmgate.dev/loaded). Either way status.model says which files answer."""
+    spec = parse_spec(
+        {"model": {"id": "m", "revision": "r1"}, "replicas": 2, "rollout": {"warmGate": warm_gate}}
+    )
+    pods = [
+        await through_the_gatekeeper(server_pod(spec, f"minilm-{i}", f"uid-{i}")) for i in (1, 2)
+    ]
+    status = compute_status(spec, es(), deployment(), pods, T0)
+    assert status["model"] == {
+        "id": "m",
+        "revision": "r1",
+        "commit": COMMIT,
+        "weightsDigest": DIGEST,
+    }
+    assert status["warmedReplicas"] == (2 if warm_gate else 0)
+
+
+def test_a_record_from_before_a_restart_does_not_speak_for_the_new_process() -> None:
+    """Gate off: a pod whose server restarted shows no commit until the new process's files
+    are recorded (a moved branch may have brought other files)."""
+    spec = parse_spec({"model": {"id": "m", "revision": "r1"}, "rollout": {"warmGate": False}})
+    pod = server_pod(spec, "minilm-1", "uid-1")
+    verdict = identity_verdict(served_report(pod))
+    pod["status"]["conditions"] += [
+        {"type": "Ready", "status": "True"},
+        desired_condition(verdict, 0, None, T0, "warmgate.dev/loaded"),
+    ]
+    dep = deployment(replicas=1, ready=1, updated=1, spec_replicas=1)
+    assert compute_status(spec, es(), dep, [pod], T0)["model"]["commit"] == COMMIT
+    pod["status"]["containerStatuses"][0]["restartCount"] = 1
+    assert compute_status(spec, es(), dep, [pod], T0)["model"] == {"id": "m", "revision": "r1"}
