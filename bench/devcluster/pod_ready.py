@@ -9,8 +9,10 @@ operator verified the warmup report and opened the gate), and the server's own w
 
     .venv/bin/python bench/devcluster/pod_ready.py [--rounds 4]
 
-Written so it also runs on a checkout from before the real node (commit 3679ba2, pods as host
-processes): the figures in docs/benchmarks.md compare the two on one machine.
+The comparison with the node that ran pods as host processes (docs/benchmarks.md) came from
+this script as of commit ddf4656, run on a worktree of commit 3679ba2; this version reads the
+API through the Kubernetes client and takes the server port from the contract, which that
+commit does not have.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pathlib import Path
 
 import yaml
 
+from warmgate_contract.names import SERVER_PORT
+from warmgate_devcluster import kubeapi
 from warmgate_devcluster.cluster import DevCluster
 from warmgate_devcluster.pytest_plugin import DevClusterHandle, isolated_config, reserve_slot
 from warmgate_devcluster.testkit import OperatorProcess, install_crd, tiny_minilm, wait_until
@@ -55,17 +59,16 @@ def main() -> int:
         cluster.up(log=lambda *_: None)
         handle = DevClusterHandle.of(cluster)
         install_crd(handle)
-        handle.kubectl("create", "namespace", "bench")
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}}
+        kubeapi.call(handle.api, "POST", kubeapi.resource_path("v1", "namespaces"), namespace)
         operator = OperatorProcess(
             handle, work / "operator.log", "--namespace=bench", "--log-format=text"
         ).start()
         handle.kubectl("apply", "-n", "bench", "-f", "-", input=yaml.safe_dump(tiny_minilm("m")))
 
         def ready_pod(exclude: set[str]) -> dict | None:
-            pods = json.loads(handle.kubectl("get", "pods", "-n", "bench", "-o", "json").stdout)[
-                "items"
-            ]
-            for pod in pods:
+            pods = kubeapi.call(handle.api, "GET", kubeapi.resource_path("v1", "pods", "bench"))
+            for pod in pods["items"]:
                 name = pod["metadata"]["name"]
                 if name not in exclude and condition_time(pod, "Ready") is not None:
                     return pod
@@ -76,7 +79,8 @@ def main() -> int:
             pod = wait_until(lambda: ready_pod(seen), 600, "a Ready pod", every=0.5)
             name = pod["metadata"]["name"]
             seen.add(name)
-            with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8080/ready") as answer:
+            ready_url = f"http://{pod['status']['podIP']}:{SERVER_PORT}/ready"
+            with urllib.request.urlopen(ready_url) as answer:
                 warmup = json.load(answer)["warmup_seconds"]
             scheduled = condition_time(pod, "PodScheduled")
             rows.append(
@@ -89,7 +93,7 @@ def main() -> int:
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
-            handle.kubectl("delete", "pod", "-n", "bench", name, "--wait=false")
+            kubeapi.call(handle.api, "DELETE", kubeapi.resource_path("v1", "pods", "bench", name))
     finally:
         if operator is not None:
             operator.stop()

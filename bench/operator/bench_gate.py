@@ -12,9 +12,10 @@ What is not real here, because two cores cannot run these pods: no pod runs. The
 carry a scheduling gate (the scheduler leaves them alone); the EmbeddingService's pods select a
 node label no node has (they stay Pending). The benchmark writes what kubelet would: each gated
 pod's status (running container, ContainersReady, pod IP 127.0.0.1), a batch at a time; and
-one local process on 127.0.0.1:8080 answers every pod's `GET /ready` with the report a warm
-server of that template gives. The operator, the apiserver, the watches and the gate's writes
-are the real ones.
+one local process on the server port of 127.0.0.1 answers every pod's `GET /ready` with the
+report a warm server of that template gives. The operator, the apiserver, the watches and the
+gate's writes are the real ones. The benchmark talks to the API through the Kubernetes Python
+client, as the operator does.
 
     python bench/operator/bench_gate.py [--unrelated 10000] [--replicas 200] [--rate 40]
 """
@@ -36,14 +37,34 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from bench_operator import Kubectl, peak_rss_mib, read_stats, run_and_report
+from bench_operator import (
+    FIELD_MANAGER,
+    delete_namespace,
+    fresh_namespace,
+    install_crd,
+    peak_rss_mib,
+    read_stats,
+    run_and_report,
+)
+from kubernetes import client as k8s
+from kubernetes import watch
+from kubernetes.client import ApiClient
 
-from warmgate_contract.names import SERVER_PORT, WARMED_CONDITION
+from warmgate_contract.names import (
+    API_VERSION,
+    KIND,
+    PLURAL,
+    SERVER_CONTAINER,
+    SERVER_PORT,
+    SERVICE_LABEL,
+    WARMED_CONDITION,
+)
 from warmgate_contract.report import READY, ReadyReport, WarmedShape
+from warmgate_devcluster import kubeapi
 from warmgate_devcluster.testkit import UNMAPPED_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD_FILE = ROOT / "crds" / "warmgate.dev_embeddingservices.yaml"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 NAMESPACE = "bench-gate"
 SERVICE = "gated"
 TARGETS = {"peak_rss_mib": 200.0, "gate_p99_seconds": 2.0}
@@ -127,8 +148,8 @@ def unrelated_pod(index: int) -> dict[str, Any]:
 
 def embedding_service(replicas: int) -> dict[str, Any]:
     return {
-        "apiVersion": "warmgate.dev/v1alpha1",
-        "kind": "EmbeddingService",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": SERVICE, "namespace": NAMESPACE},
         "spec": {
             "model": {"id": "sentence-transformers/all-MiniLM-L6-v2"},
@@ -157,7 +178,7 @@ def running_status(now: str) -> dict[str, Any]:
             ],
             "containerStatuses": [
                 {
-                    "name": "server",
+                    "name": SERVER_CONTAINER,
                     "ready": True,
                     "started": True,
                     "restartCount": 0,
@@ -176,27 +197,19 @@ def percentile(values: list[float], q: float) -> float:
 
 
 # ----------------------------------------------------------------- the run
-def run(args: argparse.Namespace, kubeconfig: str, bin_dir: Path, work: Path) -> dict[str, Any]:
-    from kubernetes import client as k8s
-    from kubernetes import config as k8s_config
-    from kubernetes import watch
-
+def run(args: argparse.Namespace, kubeconfig: str, api: ApiClient, work: Path) -> dict[str, Any]:
     env = dict(os.environ, KUBECONFIG=kubeconfig)
-    kubectl = Kubectl(str(bin_dir / "kubectl"), env)
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    kubectl("wait", "--for=condition=Established", "crd/embeddingservices.warmgate.dev")
-    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--timeout=300s")
-    kubectl("create", "namespace", NAMESPACE)
-    api_client = k8s_config.new_client_from_config(config_file=kubeconfig)
-    api_client.configuration.connection_pool_maxsize = 16
-    core = k8s.CoreV1Api(api_client)
+    install_crd(api)
+    fresh_namespace(api, NAMESPACE, 300)
+    pods_path = kubeapi.resource_path("v1", "pods", NAMESPACE)
+    selector = f"{SERVICE_LABEL}={SERVICE}"
 
     print(f"creating {args.unrelated} unrelated pods ...", flush=True)
     started = time.monotonic()
     with ThreadPoolExecutor(8) as pool:
         list(
             pool.map(
-                lambda i: core.create_namespaced_pod(NAMESPACE, unrelated_pod(i)),
+                lambda i: kubeapi.call(api, "POST", pods_path, unrelated_pod(i)),
                 range(args.unrelated),
             )
         )
@@ -218,8 +231,8 @@ def run(args: argparse.Namespace, kubeconfig: str, bin_dir: Path, work: Path) ->
     stop = threading.Event()
 
     def watch_gates() -> None:
+        core = k8s.CoreV1Api(api)
         stream = watch.Watch()
-        selector = f"warmgate.dev/service={SERVICE}"
         while not stop.is_set():
             for event in stream.stream(
                 core.list_namespaced_pod, NAMESPACE, label_selector=selector, timeout_seconds=5
@@ -235,12 +248,11 @@ def run(args: argparse.Namespace, kubeconfig: str, bin_dir: Path, work: Path) ->
     try:
         at_start = read_stats(stats_file)
         watcher.start()
-        kubectl("apply", "-f", "-", input=json.dumps(embedding_service(args.replicas)))
+        service_path = kubeapi.resource_path(API_VERSION, PLURAL, NAMESPACE, SERVICE)
+        kubeapi.apply(api, service_path, embedding_service(args.replicas), FIELD_MANAGER)
 
         def pods() -> list[dict[str, Any]]:
-            selector = f"warmgate.dev/service={SERVICE}"
-            found = kubectl("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json")
-            return json.loads(found)["items"]
+            return kubeapi.call(api, "GET", pods_path, query={"labelSelector": selector})["items"]
 
         deadline = time.monotonic() + args.timeout
         while len(current := pods()) < args.replicas:
@@ -254,7 +266,13 @@ def run(args: argparse.Namespace, kubeconfig: str, bin_dir: Path, work: Path) ->
         interval = 1.0 / args.rate
         for name in names:
             now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            core.patch_namespaced_pod_status(name, NAMESPACE, running_status(now))
+            kubeapi.call(
+                api,
+                "PATCH",
+                kubeapi.resource_path("v1", "pods", NAMESPACE, name, "status"),
+                running_status(now),
+                content_type=STRATEGIC_MERGE_PATCH,
+            )
             ready_at[name] = time.monotonic()
             time.sleep(max(0.0, ready_at[name] + interval - time.monotonic()))
         while len(warmed_at) < len(names):
@@ -276,7 +294,7 @@ def run(args: argparse.Namespace, kubeconfig: str, bin_dir: Path, work: Path) ->
                 operator.kill()
                 operator.wait()
         log_file.close()
-        kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+        delete_namespace(api, NAMESPACE)
 
     latencies = [warmed_at[name] - ready_at[name] for name in names]
     requests = {

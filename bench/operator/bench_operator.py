@@ -1,7 +1,7 @@
 """Operator benchmark: reconcile N EmbeddingServices against a real apiserver.
 
 Starts a devcluster (or uses --kubeconfig), installs the CRD, runs the operator as a process,
-creates N EmbeddingServices in one request and reports:
+creates N EmbeddingServices one request after another and reports:
 
 - seconds until every Deployment exists and every status describes its generation,
 - the operator's peak RSS,
@@ -10,7 +10,8 @@ creates N EmbeddingServices in one request and reports:
 
 Targets (issue 4): converged within 60 s for 200, RSS under 200 MiB, at most 10 writes per
 EmbeddingService when nothing changes. Pods need not run: the image is not in the devcluster's
-image map, or replicas is 0 (--replicas).
+node (it cannot pull), or replicas is 0 (--replicas). The benchmark talks to the API through
+the Kubernetes Python client, as the operator does.
 
     python bench/operator/bench_operator.py [--count 200] [--replicas 0] [--quiet-seconds 40]
 """
@@ -18,6 +19,7 @@ image map, or replicas is 0 (--replicas).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -29,11 +31,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kubernetes.client import ApiClient
+
+from warmgate_contract.names import API_VERSION, KIND, PLURAL
+from warmgate_devcluster import kubeapi, testkit
 from warmgate_devcluster.testkit import UNMAPPED_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CRD_FILE = ROOT / "crds" / "warmgate.dev_embeddingservices.yaml"
+FIELD_MANAGER = "warmgate-bench"
 NAMESPACE = "bench-operator"
 TARGETS = {"converge_seconds": 60.0, "peak_rss_mib": 200.0, "quiet_writes_per_es": 10.0}
 
@@ -53,25 +59,33 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-class Kubectl:
-    def __init__(self, binary: str, env: dict[str, str]) -> None:
-        self.binary, self.env = binary, env
-
-    def __call__(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        result = subprocess.run(
-            [self.binary, *args], env=self.env, input=input, capture_output=True, text=True,
-            timeout=300,
-        )  # fmt: skip
-        if check and result.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args[:3])}: {result.stderr.strip()}")
-        return result.stdout
+def install_crd(api: ApiClient) -> None:
+    """The EmbeddingService CRD, applied server-side from its manifest, Established."""
+    kubeapi.apply(api, testkit.CRD_PATH, testkit.crd_manifest(), FIELD_MANAGER)
+    testkit.wait_established(api)
 
 
-def manifest(count: int, replicas: int) -> str:
-    items = [
+def fresh_namespace(api: ApiClient, name: str, timeout: float) -> None:
+    """`name`, created empty: an earlier run's namespace is deleted first, and waited for."""
+    path = kubeapi.resource_path("v1", "namespaces", name=name)
+    with contextlib.suppress(kubeapi.ApiError):
+        kubeapi.call(api, "DELETE", path)
+    testkit.wait_until(lambda: kubeapi.read(api, path) is None, timeout, f"namespace {name} gone")
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    kubeapi.call(api, "POST", kubeapi.resource_path("v1", "namespaces"), body)
+
+
+def delete_namespace(api: ApiClient, name: str) -> None:
+    """Start deleting `name` and return (the namespace controller finishes)."""
+    with contextlib.suppress(kubeapi.ApiError, *kubeapi.UNANSWERED):
+        kubeapi.call(api, "DELETE", kubeapi.resource_path("v1", "namespaces", name=name))
+
+
+def embedding_services(count: int, replicas: int) -> list[dict[str, Any]]:
+    return [
         {
-            "apiVersion": "warmgate.dev/v1alpha1",
-            "kind": "EmbeddingService",
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "metadata": {"name": f"bench-{i:03d}", "namespace": NAMESPACE},
             "spec": {
                 "model": {"id": "sentence-transformers/all-MiniLM-L6-v2"},
@@ -82,15 +96,15 @@ def manifest(count: int, replicas: int) -> str:
         }
         for i in range(count)
     ]
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
 
 
-def progress(kubectl: Kubectl) -> tuple[int, int]:
+def progress(api: ApiClient) -> tuple[int, int]:
     """(EmbeddingServices whose status describes their generation with every child applied,
     EmbeddingServices that are Ready). Reconcile writes the status only after applying the
     children, so a current status without ApplyFailed means the Deployment exists. Only the
-    EmbeddingServices are listed, to keep the poll's own load on the apiserver small."""
-    services = json.loads(kubectl("get", "emb", "-n", NAMESPACE, "-o", "json", "--chunk-size=0"))[
+    EmbeddingServices are listed, in one response, to keep the poll's own load on the
+    apiserver small."""
+    services = kubeapi.call(api, "GET", kubeapi.resource_path(API_VERSION, PLURAL, NAMESPACE))[
         "items"
     ]
     current = ready = 0
@@ -106,8 +120,9 @@ def progress(kubectl: Kubectl) -> tuple[int, int]:
     return current, ready
 
 
-def count_deployments(kubectl: Kubectl) -> int:
-    return len(kubectl("get", "deployments", "-n", NAMESPACE, "-o", "name").split())
+def count_deployments(api: ApiClient) -> int:
+    path = kubeapi.resource_path("apps/v1", "deployments", NAMESPACE)
+    return len(kubeapi.call(api, "GET", path)["items"])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -131,13 +146,10 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def run(args: argparse.Namespace, kubeconfig: str, bin_dir: Path, work: Path) -> dict[str, Any]:
+def run(args: argparse.Namespace, kubeconfig: str, api: ApiClient, work: Path) -> dict[str, Any]:
     env = dict(os.environ, KUBECONFIG=kubeconfig)
-    kubectl = Kubectl(str(bin_dir / "kubectl"), env)
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    kubectl("wait", "--for=condition=Established", "crd/embeddingservices.warmgate.dev")
-    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--timeout=120s")
-    kubectl("create", "namespace", NAMESPACE)
+    install_crd(api)
+    fresh_namespace(api, NAMESPACE, 120)
 
     stats_file = work / "operator-stats.json"
     log_file = (work / "operator.log").open("wb")
@@ -155,7 +167,9 @@ def run(args: argparse.Namespace, kubeconfig: str, bin_dir: Path, work: Path) ->
         read_stats(stats_file)
         startup_seconds = time.monotonic() - started
         created_at = time.monotonic()
-        kubectl("create", "-f", "-", input=manifest(args.count, args.replicas))
+        path = kubeapi.resource_path(API_VERSION, PLURAL, NAMESPACE)
+        for body in embedding_services(args.count, args.replicas):
+            kubeapi.call(api, "POST", path, body)
         create_seconds = time.monotonic() - created_at
         converge_seconds = ready_seconds = None
         while ready_seconds is None:
@@ -165,14 +179,14 @@ def run(args: argparse.Namespace, kubeconfig: str, bin_dir: Path, work: Path) ->
             if operator.poll() is not None:
                 raise RuntimeError("the operator exited; see its log")
             time.sleep(1.0)
-            current, ready = progress(kubectl)
+            current, ready = progress(api)
             if converge_seconds is None and current == args.count:
                 converge_seconds = time.monotonic() - created_at
                 at_converge = read_stats(stats_file)
             # Pods with an unmapped image never get Ready; with replicas 0 everything can.
             if converge_seconds is not None and (args.replicas or ready == args.count):
                 ready_seconds = time.monotonic() - created_at
-        deployments = count_deployments(kubectl)
+        deployments = count_deployments(api)
         if deployments != args.count:
             raise RuntimeError(f"{deployments} Deployments for {args.count} EmbeddingServices")
         converge_cpu = cpu_seconds(operator.pid)
@@ -189,7 +203,7 @@ def run(args: argparse.Namespace, kubeconfig: str, bin_dir: Path, work: Path) ->
                 operator.kill()
                 operator.wait()
         log_file.close()
-        kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+        delete_namespace(api, NAMESPACE)
 
     count = args.count
     converge_requests = sum(at_converge["requests"].values())
@@ -218,31 +232,33 @@ def run(args: argparse.Namespace, kubeconfig: str, bin_dir: Path, work: Path) ->
 
 def run_and_report(
     args: argparse.Namespace,
-    run: Callable[[argparse.Namespace, str, Path, Path], dict[str, Any]],
+    run: Callable[[argparse.Namespace, str, ApiClient, Path], dict[str, Any]],
     name: str,
     targets: dict[str, float],
     checks_of: Callable[[dict[str, Any]], dict[str, bool]],
 ) -> int:
-    """Run `run(args, kubeconfig, bin_dir, work)` on a devcluster of its own (or on
+    """Run `run(args, kubeconfig, api, work)` on a devcluster of its own (or on
     --kubeconfig), then write the result with its targets to the results folder and print it;
     exit status 1 when a target is missed. Shared by the operator benchmarks."""
     work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     cluster = None
     if args.kubeconfig:
-        from warmgate_devcluster.binaries import find_bin_dir
-
-        kubeconfig, bin_dir = args.kubeconfig, find_bin_dir()
+        kubeconfig = args.kubeconfig
     else:
         from warmgate_devcluster.cluster import DevCluster
         from warmgate_devcluster.pytest_plugin import isolated_config, reserve_slot
 
-        # A pod-IP block and NodePort window no test session or `make up` cluster uses.
-        cluster = DevCluster(isolated_config(work / "devcluster", reserve_slot()))
+        # A pod-IP block and NodePort window no test session or `make up` cluster uses; no
+        # pod runs warmgate's images (they carry an image the node does not hold), so the
+        # node gets only the cluster's own.
+        config = isolated_config(work / "devcluster", reserve_slot(), app_images=False)
+        cluster = DevCluster(config)
         print("starting a devcluster ...", flush=True)
         cluster.up(log=lambda *_: None)
-        kubeconfig, bin_dir = str(cluster.kubeconfig), cluster.bin_dir
+        kubeconfig = str(cluster.kubeconfig)
     try:
-        result = run(args, kubeconfig, Path(bin_dir), work)
+        with kubeapi.load_client(kubeconfig) as api:
+            result = run(args, kubeconfig, api, work)
     finally:
         if cluster is not None:
             cluster.down(log=lambda *_: None)

@@ -25,7 +25,6 @@ import os
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,7 +32,11 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
 
+from warmgate_contract.names import GROUP, PLURAL, SERVER_PORT, VERSION
+from warmgate_devcluster import kubeapi
 from warmgate_devcluster.cluster import DevCluster
 from warmgate_devcluster.loadgen import ConstantRateLoad, LoadReport
 from warmgate_devcluster.pytest_plugin import DevClusterHandle, isolated_config, reserve_slot
@@ -52,44 +55,45 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class StatusWatch:
-    """The latest EmbeddingService object, from one `kubectl get --watch` stream.
+    """The latest EmbeddingService object, from a watch (the Kubernetes client's).
 
-    The rollout is observed through a watch, not by polling: each `kubectl get` is a fresh Go
-    process (about 90 ms of CPU here), and polling twice a second during the rollout, and only
-    then, would add its own load to the phase being measured.
+    The rollout is observed through a watch, not by polling: polling twice a second during the
+    rollout, and only then, would add its own load to the phase being measured.
     """
 
     def __init__(self, handle: DevClusterHandle, namespace: str, name: str) -> None:
         self.latest: dict | None = None
-        self._process = subprocess.Popen(
-            [
-                str(handle.bin_dir / "kubectl"),
-                "-n",
-                namespace,
-                "get",
-                "embeddingservice",
-                name,
-                "--watch",
-                "-o",
-                "json",
-            ],
-            env=handle.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
+        self._custom = client.CustomObjectsApi(handle.api)
+        self._namespace, self._name = namespace, name
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
-        decoder, buffer = json.JSONDecoder(), ""
-        for line in self._process.stdout:
-            buffer += line
+        version = None  # where the last stream ended: the next one goes on from there
+        while not self._stop.is_set():
+            since = {"resource_version": version} if version else {}
             try:
-                obj, end = decoder.raw_decode(buffer.lstrip())
-            except json.JSONDecodeError:
-                continue  # the object is not complete yet
-            self.latest, buffer = obj, buffer.lstrip()[end:]
+                # A short server-side timeout, so that `close` is never longer than that away.
+                for event in watch.Watch().stream(
+                    self._custom.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self._namespace,
+                    PLURAL,
+                    field_selector=f"metadata.name={self._name}",
+                    timeout_seconds=5,
+                    **since,
+                ):
+                    version = event["raw_object"]["metadata"]["resourceVersion"]
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self.latest = event["raw_object"]
+                    if self._stop.is_set():
+                        break
+            except ApiException as error:
+                if error.status != 410:
+                    raise
+                version = None  # too old to go on from: start with the object as it is
 
     def rolled_out(self, revision: str, replicas: int) -> bool:
         """The rollout to `revision` is complete, by Deployment rules: every pod that is not
@@ -107,8 +111,7 @@ class StatusWatch:
         )
 
     def close(self) -> None:
-        self._process.terminate()
-        self._process.wait(timeout=10)
+        self._stop.set()
         self._thread.join(timeout=10)
 
 
@@ -119,7 +122,7 @@ def pod_warmups(kube: Kube, name: str) -> dict[str, float | None]:
             continue
         ip = pod["status"].get("podIP")
         try:
-            with urllib.request.urlopen(f"http://{ip}:8080/ready", timeout=5) as response:
+            with urllib.request.urlopen(f"http://{ip}:{SERVER_PORT}/ready", timeout=5) as response:
                 result[pod["metadata"]["name"]] = json.load(response).get("warmup_seconds")
         except OSError:
             result[pod["metadata"]["name"]] = None
@@ -234,7 +237,8 @@ def main() -> int:
         cluster.up(log=lambda *_: None)
         handle = DevClusterHandle.of(cluster)
         install_crd(handle)
-        handle.kubectl("create", "namespace", "bench")
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}}
+        kubeapi.call(handle.api, "POST", kubeapi.resource_path("v1", "namespaces"), namespace)
         kube = Kube(handle, "bench")
         operator = NamespacedOperator(handle, "bench", work / "operator.log")
         operator.start()

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cluster = DevCluster(config)
     if args.command == "up":
-        from warmgate_devcluster.cluster import NodeUnsupported
+        from warmgate_devcluster.preflight import NodeUnsupported
 
         try:
             cluster.up()

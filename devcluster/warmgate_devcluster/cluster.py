@@ -8,7 +8,6 @@ import contextlib
 import fcntl
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmgate_devcluster import cgroups, images, models, procs
+import yaml
+from kubernetes.client import ApiClient
+from kubernetes.config import ConfigException
+
+from warmgate_devcluster import cgroups, images, kubeapi, models, preflight, procs
 from warmgate_devcluster import controlplane as cp
 from warmgate_devcluster import node as nodecfg
 from warmgate_devcluster.binaries import find_bin_dir, find_node_bin_dir
@@ -45,33 +48,6 @@ _OWNED = ("pki", "etcd", "logs", "node", "certs", "kubeconfig", "runtime.json", 
 MAX_PODS = 110
 
 
-class NodeUnsupported(RuntimeError):
-    """This machine cannot run the real node; the message says what it needs."""
-
-
-def preflight() -> None:
-    """What the real node needs from the machine, checked before anything starts."""
-    problems = []
-    if platform.system() != "Linux":
-        problems.append(f"Linux (this is {platform.system()}): kubelet and containerd run here")
-    elif os.geteuid() != 0:
-        problems.append(
-            "root: the node creates a network namespace, cgroups and mounts (run `make up` as "
-            "root, or use a cluster you already have: see README, 'Installing into a real cluster')"
-        )
-    else:
-        missing = cgroups.missing_controllers()
-        if missing:
-            problems.append(f"cgroup v1 controllers mounted under /sys/fs/cgroup: {missing}")
-        if not Path("/dev/kmsg").exists():
-            problems.append("/dev/kmsg (kubelet's OOM watcher reads it)")
-        for command in ("ip", "nsenter", "iptables", "iptables-restore", "mount"):
-            if shutil.which(command) is None:
-                problems.append(f"the `{command}` command (tools/node-deps.sh installs it)")
-    if problems:
-        raise NodeUnsupported("the devcluster's real node needs: " + "; ".join(problems) + ".")
-
-
 @dataclass(frozen=True)
 class ComponentHealth:
     name: str
@@ -92,6 +68,9 @@ class DevCluster:
             self.config.state_dir, self.config.run_dir, self.config.containerd_dir
         )
         self._children: dict[str, subprocess.Popen] = {}
+        # The client of this cluster's own checks, with the kubeconfig text it was made from
+        # (each `up` writes a new one: new ports, new certificates).
+        self._checks_client: tuple[str, ApiClient] | None = None
 
     # ----------------------------------------------------------------- paths and records
     @property
@@ -181,7 +160,7 @@ class DevCluster:
             if self.is_up():
                 log(f"devcluster already running (state {self.state_dir})")
                 return False
-            preflight()
+            preflight.check()
             reap_abandoned(log=log)
             self._stop_all(log=lambda *_: None)
             started = time.monotonic()
@@ -270,10 +249,10 @@ class DevCluster:
                 bin_dir, pki, certs / "apiserver", ports, cfg.service_cidr, cfg.node_port_range
             ),
         )
-        wait(self._apiserver_ready, "kube-apiserver /readyz", apiserver)
         server = ports.apiserver_url
         cfg.kubeconfig.write_text(cp.kubeconfig_yaml(server, pki))
         cfg.kubeconfig.chmod(0o600)
+        wait(self._apiserver_ready, "kube-apiserver /readyz", apiserver)
         kcm = launch(
             "kube-controller-manager",
             cp.controller_manager_argv(
@@ -342,17 +321,13 @@ class DevCluster:
         wait(self._kube_proxy_healthy, "kube-proxy /healthz", kube_proxy)
         wait(self._node_ready, f"node {cfg.node_name} Ready", kubelet)
         wait(self._hub_ready, "model hub", hub)
-        self._install_addons(bin_dir)
+        self._install_addons()
         # Pods look names up from their first instruction (kopf connects to
         # kubernetes.default.svc): the cluster DNS answers before `up` returns.
-        self._kubectl(
-            bin_dir,
-            "-n",
-            "kube-system",
-            "rollout",
-            "status",
-            "deployment/coredns",
-            f"--timeout={int(cfg.start_timeout)}s",
+        wait(
+            lambda: self._rolled_out("kube-system", "coredns"),
+            "deployment/coredns rolled out",
+            kubelet,
         )
 
     def _start_hub(self, launch, runtime: dict) -> procs.ProcRecord:
@@ -405,7 +380,7 @@ class DevCluster:
                 images.ctr_argv(socket, "containers", "rm", container), capture_output=True
             )
 
-    def _install_addons(self, bin_dir: Path) -> None:
+    def _install_addons(self) -> None:
         """The add-ons every cluster has: DNS (CoreDNS) and the resource metrics API
         (metrics-server), from the manifests beside this module."""
         addons = {
@@ -419,41 +394,79 @@ class DevCluster:
             manifest = (PACKAGE_DIR / file).read_text()
             for token, value in values.items():
                 manifest = manifest.replace(token, value)
-            self._kubectl(bin_dir, "apply", "-f", "-", input=manifest)
-
-    def _kubectl(self, bin_dir: Path, *args: str, input: str | None = None):
-        return subprocess.run(
-            [str(bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=120,
-        )
+            self.kubectl("apply", "-f", "-", input=manifest)
 
     # ----------------------------------------------------------------- health
-    def _api_get(self, path: str):
-        ports = self.ports
-        if ports is None or not self.pki.exists():
-            return None, "not started"
-        return cp.http_get(ports.apiserver_url + path, cp.admin_ssl_context(self.pki))
+    def _checks_api(self) -> ApiClient | None:
+        """The admin client for this cluster's own checks (None before a kubeconfig exists):
+        no retries, so a poll while the apiserver starts fails at once and quietly."""
+        try:
+            text = self.kubeconfig.read_text()
+        except FileNotFoundError:
+            return None
+        if self._checks_client is None or self._checks_client[0] != text:
+            self._close_checks_api()
+            try:
+                api = kubeapi.load_client(self.kubeconfig, retries=False)
+            except (ConfigException, yaml.YAMLError):
+                return None  # read while `up` was writing it: the next poll reads it whole
+            self._checks_client = (text, api)
+        return self._checks_client[1]
+
+    def _close_checks_api(self) -> None:
+        if self._checks_client is not None:
+            self._checks_client[1].close()
+            self._checks_client = None
+
+    def _api_status(self, path: str) -> int | None:
+        """The status of a GET of `path` (None when nothing answered)."""
+        api = self._checks_api()
+        if api is None:
+            return None
+        try:
+            return kubeapi.request(api, "GET", path, timeout=3.0)[0]
+        except kubeapi.UNANSWERED:
+            return None
+
+    def _api_read(self, path: str) -> dict | None:
+        """The object at `path`, None when it is missing or nothing answered."""
+        api = self._checks_api()
+        if api is None:
+            return None
+        try:
+            return kubeapi.read(api, path, timeout=3.0)
+        except (kubeapi.ApiError, *kubeapi.UNANSWERED):
+            return None
+
+    def _rolled_out(self, namespace: str, name: str) -> bool:
+        """A Deployment's rollout is complete, by `kubectl rollout status`'s rules."""
+        path = kubeapi.resource_path("apps/v1", "deployments", namespace, name)
+        deployment = self._api_read(path)
+        if deployment is None:
+            return False
+        wanted = deployment["spec"].get("replicas", 1)
+        status = deployment.get("status") or {}
+        updated = status.get("updatedReplicas", 0)
+        return (
+            status.get("observedGeneration", 0) >= deployment["metadata"]["generation"]
+            and updated >= wanted
+            and status.get("replicas", 0) <= updated
+            and status.get("availableReplicas", 0) >= updated
+        )
 
     def _apiserver_ready(self) -> bool:
-        return self._api_get("/readyz")[0] == 200
+        return self._api_status("/readyz") == 200
 
     def _kube_proxy_healthy(self) -> bool:
         return cp.http_get(f"http://{self.network.node_ip}:10256/healthz")[0] == 200
 
     def _node_ready(self) -> bool:
-        status, body = self._api_get(f"/api/v1/nodes/{self.config.node_name}")
-        if status != 200:
-            return False
-        conditions = json.loads(body).get("status", {}).get("conditions", [])
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        node = self._api_read(kubeapi.resource_path("v1", "nodes", name=self.config.node_name))
+        return kubeapi.condition(node, "Ready").get("status") == "True"
 
     def metrics_available(self) -> bool:
         """metrics-server answers through the aggregation layer (`kubectl top` works)."""
-        return self._api_get("/apis/metrics.k8s.io/v1beta1/nodes")[0] == 200
+        return self._api_status("/apis/metrics.k8s.io/v1beta1/nodes") == 200
 
     def status(self) -> list[ComponentHealth]:
         records = self.records()
@@ -469,7 +482,7 @@ class DevCluster:
                     code, _ = cp.http_get(f"http://127.0.0.1:{ports.etcd_client}/health")
                     healthy, detail = code == 200, f"/health {code}"
                 elif name == "kube-apiserver":
-                    code, _ = self._api_get("/readyz")
+                    code = self._api_status("/readyz")
                     healthy, detail = code == 200, f"/readyz {code} on {ports.apiserver_url}"
                 elif name in ("kube-controller-manager", "kube-scheduler"):
                     port = ports.controller_manager if name.endswith("manager") else ports.scheduler
@@ -534,6 +547,7 @@ class DevCluster:
         for group in (cfg.cluster_name, cfg.node_group, cfg.control_plane_group):
             cgroups.remove_tree(group)
         shutil.rmtree(self.paths.run_dir, ignore_errors=True)
+        self._close_checks_api()
         runtime = self.runtime()
         if runtime.get("procs"):
             runtime["procs"] = {}
@@ -563,15 +577,9 @@ class DevCluster:
             timeout=timeout,
         )
 
-    def api_client(self):
-        """A kubernetes.client.ApiClient for the admin user."""
-        from kubernetes import client, config
-
-        configuration = client.Configuration()
-        config.load_kube_config(
-            config_file=str(self.kubeconfig), client_configuration=configuration
-        )
-        return client.ApiClient(configuration)
+    def api_client(self) -> ApiClient:
+        """A client for the admin user, at the library's defaults; the caller closes it."""
+        return kubeapi.load_client(self.kubeconfig)
 
 
 def reap_abandoned(*, log: Callable[[str], None] = print) -> list[Path]:

@@ -1,5 +1,7 @@
-"""Command lines and health checks of etcd, kube-apiserver, kube-controller-manager and
-kube-scheduler. Pure argv builders plus small blocking HTTP helpers; `cluster.py` runs them."""
+"""Command lines of etcd, kube-apiserver, kube-controller-manager and kube-scheduler, and
+their kubeconfigs. Pure argv builders plus a small blocking HTTP GET for the health endpoints
+that are not the Kubernetes API (etcd, the controller manager, the scheduler, kube-proxy);
+`cluster.py` runs them, and reads the API itself through the Kubernetes client (`kubeapi`)."""
 
 from __future__ import annotations
 
@@ -181,12 +183,6 @@ def kubeconfig_yaml(
         "preferences": {},
     }
     return json.dumps(config, indent=2) + "\n"
-
-
-def admin_ssl_context(pki: Pki) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
-    ctx.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
-    return ctx
 
 
 def insecure_ssl_context() -> ssl.SSLContext:

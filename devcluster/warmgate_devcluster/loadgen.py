@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from warmgate_contract.names import COLD_HEADER, POD_HEADER, REVISION_HEADER
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -188,14 +190,14 @@ class ConstantRateLoad:
         try:
             async with session.post(self.url, json=self.payload) as response:
                 body = await response.read()
-                cold = response.headers.get("X-Warmgate-Cold")
+                cold = response.headers.get(COLD_HEADER)
                 sample = Sample(
                     started=started,
                     latency_ms=(time.perf_counter() - begin) * 1000.0,
                     status=response.status,
-                    revision=response.headers.get("X-Warmgate-Revision"),
+                    revision=response.headers.get(REVISION_HEADER),
                     cold=None if cold is None else cold == "1",
-                    pod=response.headers.get("X-Warmgate-Pod"),
+                    pod=response.headers.get(POD_HEADER),
                     server_timing=server_timings(response.headers.get("Server-Timing")),
                     vector=first_vector(body) if response.status == 200 else None,
                 )

@@ -10,6 +10,7 @@ with a `make up` cluster running at the same time. Missing binaries and images a
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import subprocess
@@ -22,8 +23,9 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from kubernetes.client import ApiClient
 
-from warmgate_devcluster import cgroups
+from warmgate_devcluster import cgroups, kubeapi
 from warmgate_devcluster.cluster import DevCluster
 from warmgate_devcluster.config import ClusterConfig, cache_root
 
@@ -39,6 +41,7 @@ class DevClusterHandle:
     state_dir: Path
     start_seconds: float = 0.0
     _clients: list = field(default_factory=list)
+    _api: ApiClient | None = None
 
     @classmethod
     def of(cls, cluster: DevCluster, start_seconds: float = 0.0) -> DevClusterHandle:
@@ -85,22 +88,22 @@ class DevClusterHandle:
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120.0
     ) -> subprocess.CompletedProcess:
-        """Run the built kubectl against this cluster; output captured as text."""
-        return subprocess.run(
-            [str(self.bin_dir / "kubectl"), *args],
-            env=self.env,
-            input=input,
-            capture_output=True,
-            text=True,
-            check=check,
-            timeout=timeout,
-        )
+        """Run the built kubectl against this cluster (`DevCluster.kubectl`); output captured
+        as text."""
+        return self.cluster.kubectl(*args, check=check, input=input, timeout=timeout)
 
-    def api_client(self):
-        """A kubernetes.client.ApiClient configured from the admin kubeconfig."""
+    def api_client(self) -> ApiClient:
+        """A kubernetes.client.ApiClient for the admin user, closed with the session."""
         client = self.cluster.api_client()
         self._clients.append(client)
         return client
+
+    @property
+    def api(self) -> ApiClient:
+        """One shared admin client for the fixtures' and helpers' own calls (`kubeapi`)."""
+        if self._api is None:
+            self._api = self.api_client()
+        return self._api
 
     def container_pids(self, pod: dict, container: str) -> list[int]:
         """Host pids of one container of a pod (from the cgroup kubelet made for it): what a
@@ -196,16 +199,23 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevClusterH
 def namespace(devcluster: DevClusterHandle) -> Iterator[str]:
     """A fresh namespace (with its default ServiceAccount), deleted after the test."""
     name = f"t-{uuid.uuid4().hex[:10]}"
-    devcluster.kubectl("create", "namespace", name)
+    api = devcluster.api
+    namespaces = kubeapi.resource_path("v1", "namespaces")
+    kubeapi.call(
+        api,
+        "POST",
+        namespaces,
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+    )
+    account = kubeapi.resource_path("v1", "serviceaccounts", name, "default")
     deadline = time.monotonic() + 60
-    while (
-        devcluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
-        != 0
-    ):
+    while kubeapi.read(api, account) is None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"namespace {name}: no default ServiceAccount after 60s")
         time.sleep(0.1)
     try:
         yield name
     finally:
-        devcluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+        # As `kubectl delete namespace --wait=false`: the namespace controller finishes it.
+        with contextlib.suppress(kubeapi.ApiError, *kubeapi.UNANSWERED):
+            kubeapi.call(api, "DELETE", kubeapi.resource_path("v1", "namespaces", name=name))

@@ -21,12 +21,13 @@ from pathlib import Path
 
 import yaml
 
-from warmgate_devcluster import images
-from warmgate_devcluster.cluster import DevCluster, NodeUnsupported
+from warmgate_contract.names import API_VERSION, COLD_HEADER, PLURAL, POD_HEADER, REVISION_HEADER
+from warmgate_devcluster import images, kubeapi, testkit
+from warmgate_devcluster.cluster import DevCluster
 from warmgate_devcluster.config import ClusterConfig
+from warmgate_devcluster.preflight import NodeUnsupported
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "warmgate.dev_embeddingservices.yaml"
 CHART = ROOT / "charts" / "warmgate"
 DEFAULT_EXAMPLE = ROOT / "examples" / "minilm.yaml"
 OPERATOR_NAMESPACE = "warmgate-system"
@@ -38,15 +39,16 @@ def _say(message: str) -> None:
 
 
 def chart_values(hub_endpoint: str | None) -> list[str]:
-    """The chart's settings for the devcluster: the images it built, never pulled, and the
-    devcluster's model hub, which server pods download their model from (no hub outside this
-    machine can be reached)."""
+    """The chart's settings for the devcluster: the images it built, never pulled (the
+    operator's and the server pods'), and the devcluster's model hub, which server pods
+    download their model from (no hub outside this machine can be reached)."""
     repository, _, tag = images.OPERATOR.name.rpartition(":")
     values = [
         f"--set=image.repository={repository}",
         f"--set=image.tag={tag}",
         "--set=image.pullPolicy=Never",
         f"--set=serverImage={images.SERVER.name}",
+        "--set=serverImagePullPolicy=Never",
         "--set=logFormat=text",
     ]
     if hub_endpoint:
@@ -58,34 +60,28 @@ class Quickstart:
     def __init__(self, config: ClusterConfig) -> None:
         self.cluster = DevCluster(config)
 
-    def run(self, tool: str, *args: str, input: str | None = None, check: bool = True):
+    def helm(self, *args: str) -> subprocess.CompletedProcess:
+        """The built helm, its caches in the state folder."""
         bin_dir = self.cluster.bin_dir
         assert bin_dir is not None, "the devcluster is not up"
         env = {"KUBECONFIG": str(self.cluster.kubeconfig), "HOME": str(self.cluster.state_dir)}
         return subprocess.run(
-            [str(Path(bin_dir) / tool), *args],
-            input=input,
+            [str(Path(bin_dir) / "helm"), *args],
             capture_output=True,
             text=True,
-            check=check,
+            check=True,
             timeout=900,
             env={**env, "PATH": "/usr/bin:/bin"},
         )
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True):
-        return self.run("kubectl", *args, input=input, check=check)
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """kubectl for what a user does with it here: apply a manifest file, show objects."""
+        return self.cluster.kubectl(*args, check=check)
 
     def install_operator(self) -> None:
         _say("installing the CRD and the operator (helm chart, in-cluster, from its image)")
-        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-        self.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "crd/embeddingservices.warmgate.dev",
-            "--timeout=60s",
-        )
-        self.run(
-            "helm",
+        testkit.install_crd(self.cluster, timeout=60)
+        self.helm(
             "upgrade",
             "--install",
             RELEASE,
@@ -114,23 +110,18 @@ class Quickstart:
         _say(f"applying {shown}")
         self.kubectl("apply", "-f", str(example))
         _say(f"waiting for emb/{name} to be Ready (pods load and warm the model first)")
-        waited = self.kubectl(
-            "-n",
-            namespace,
-            "wait",
-            "--for=condition=Ready",
-            f"emb/{name}",
-            f"--timeout={int(timeout)}s",
-            check=False,
-        )
-        print(self.kubectl("-n", namespace, "get", "emb,pods", "-o", "wide", check=False).stdout)
-        if waited.returncode != 0:
-            _say(f"emb/{name} is not Ready: {waited.stderr.strip()}")
-            print(self.kubectl("-n", namespace, "describe", "emb", name, check=False).stdout)
-            return 1
-        service = json.loads(
-            self.kubectl("-n", namespace, "get", "service", name, "-o", "json").stdout
-        )
+        with self.cluster.api_client() as api:
+            ready = self._wait_ready(api, namespace, name, timeout)
+            print(
+                self.kubectl("-n", namespace, "get", "emb,pods", "-o", "wide", check=False).stdout
+            )
+            if not ready:
+                _say(f"emb/{name} is not Ready after {timeout:.0f}s")
+                print(self.kubectl("-n", namespace, "describe", "emb", name, check=False).stdout)
+                return 1
+            service = kubeapi.call(
+                api, "GET", kubeapi.resource_path("v1", "services", namespace, name)
+            )
         port = service["spec"]["ports"][0].get("nodePort")
         if not port:
             _say(f"emb/{name} is Ready; its Service is not a NodePort, so no curl from here")
@@ -146,8 +137,8 @@ class Quickstart:
         vectors = [item["embedding"] for item in answer["data"]]
         _say(
             f"served {len(vectors)} embeddings of {len(vectors[0])} dimensions through the "
-            f"Service (pod {headers.get('X-Warmgate-Pod')}, revision "
-            f"{headers.get('X-Warmgate-Revision')}, cold {headers.get('X-Warmgate-Cold')}) "
+            f"Service (pod {headers.get(POD_HEADER)}, revision "
+            f"{headers.get(REVISION_HEADER)}, cold {headers.get(COLD_HEADER)}) "
             f"in {time.monotonic() - started:.0f}s"
         )
         print(
@@ -164,6 +155,24 @@ class Quickstart:
 """
         )
         return 0
+
+    @staticmethod
+    def _wait_ready(api, namespace: str, name: str, timeout: float) -> bool:
+        """Until the EmbeddingService's Ready condition is True; False after `timeout`."""
+        path = kubeapi.resource_path(API_VERSION, PLURAL, namespace, name)
+
+        def ready() -> bool:
+            try:
+                found = kubeapi.read(api, path)
+            except (kubeapi.ApiError, *kubeapi.UNANSWERED):
+                return False
+            return kubeapi.condition(found, "Ready").get("status") == "True"
+
+        try:
+            testkit.wait_until(ready, timeout, f"emb/{name} Ready", every=2.0)
+        except AssertionError:
+            return False
+        return True
 
     def down(self) -> int:
         if not self.cluster.down(log=_say):

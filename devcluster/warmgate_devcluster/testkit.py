@@ -1,7 +1,8 @@
 """What the cluster tests and benchmarks share: waiting with a deadline (never a bare sleep),
-reading objects as JSON through kubectl, finding a condition, and warmgate's own pieces on a
-devcluster (the CRD, small MiniLM EmbeddingServices, the operator as a process, a namespace's
-objects as JSON, waiting for a finished rollout)."""
+reading objects as JSON (`kubectl get` for the tests of what kubectl shows, the Kubernetes
+client otherwise), finding a condition, and warmgate's own pieces on a devcluster (the CRD,
+small MiniLM EmbeddingServices, the operator as a process, a namespace's objects as JSON,
+waiting for a finished rollout)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from typing import Any, Self, TypeVar
 
 import yaml
 
-from warmgate_devcluster import images
+from warmgate_contract.names import API_VERSION, GROUP, KIND, PLURAL, SERVICE_LABEL
+from warmgate_devcluster import images, kubeapi
 from warmgate_devcluster.config import repo_root
+from warmgate_devcluster.kubeapi import MERGE_PATCH, condition
 
 T = TypeVar("T")
 
@@ -42,7 +45,8 @@ def wait_until(
 
 
 def get_json(cluster: Any, *args: str) -> dict[str, Any] | None:
-    """`kubectl get ARGS -o json` through `cluster.kubectl`; None when the object is not found."""
+    """`kubectl get ARGS -o json` through `cluster.kubectl`, for the tests of what kubectl
+    shows; None when the object is not found."""
     result = cluster.kubectl("get", *args, "-o", "json", check=False)
     if result.returncode != 0:
         if "NotFound" in result.stderr:
@@ -51,19 +55,16 @@ def get_json(cluster: Any, *args: str) -> dict[str, Any] | None:
     return json.loads(result.stdout)
 
 
-def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
-    """The status condition of type `kind` ({} when absent)."""
-    for item in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if item.get("type") == kind:
-            return item
-    return {}
-
-
 # ------------------------------------------------------- warmgate on a devcluster, for tests
+CRD_FILE = "crds/warmgate.dev_embeddingservices.yaml"
+CRD_API_VERSION = "apiextensions.k8s.io/v1"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+CRD_PATH = kubeapi.resource_path(CRD_API_VERSION, "customresourcedefinitions", name=CRD_NAME)
 UNMAPPED_IMAGE = "registry.invalid/warmgate/not-imported:1"
 """An image the devcluster's node does not hold and cannot pull (its network namespace has no
-route out): its pods are created and stay in ErrImagePull, running no container (objects to
-reconcile without real servers on 2 cores)."""
+route out, and the operators the tests start never pull): its pods are created and stay
+waiting (ErrImageNeverPull, or ErrImagePull where a pull is tried), running no container
+(objects to reconcile without real servers on 2 cores)."""
 
 
 def _checkout_file(relative: str) -> Path:
@@ -73,26 +74,34 @@ def _checkout_file(relative: str) -> Path:
     return root / relative
 
 
-def install_crd(cluster: Any) -> None:
-    """Apply the EmbeddingService CRD (server-side) and wait until it is Established."""
-    crd = _checkout_file("crds/warmgate.dev_embeddingservices.yaml")
+def crd_manifest() -> dict[str, Any]:
+    """The EmbeddingService CRD, from the checkout's manifest file."""
+    return yaml.safe_load(_checkout_file(CRD_FILE).read_text())
+
+
+def wait_established(api: Any, timeout: float = 120.0) -> None:
+    """Until the EmbeddingService CRD is Established (its API served)."""
+
+    def established() -> bool:
+        try:
+            crd = kubeapi.read(api, CRD_PATH)
+        except (kubeapi.ApiError, *kubeapi.UNANSWERED):
+            return False  # a busy apiserver: ask again until the deadline
+        return condition(crd, "Established").get("status") == "True"
+
+    wait_until(established, timeout, f"CRD {CRD_NAME} Established")
+
+
+def install_crd(cluster: Any, timeout: float = 120.0) -> None:
+    """Apply the EmbeddingService CRD's manifest file (server-side, as a user would) and wait
+    until it is Established. `cluster`: a devcluster handle or a DevCluster."""
+    crd = _checkout_file(CRD_FILE)
     result = cluster.kubectl(
         "apply", "--server-side", "--force-conflicts", "-f", str(crd), check=False
     )
     assert result.returncode == 0, f"CRD rejected: {result.stderr}"
-    # kubectl wait gives up at once on a passing discovery error (an aggregated API such as
-    # metrics.k8s.io still starting on a busy machine): ask again until the deadline.
-    deadline = time.monotonic() + 120
-    while True:
-        result = cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=30s",
-            "crd/embeddingservices.warmgate.dev", check=False,
-        )  # fmt: skip
-        if result.returncode == 0:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"CRD not Established: {result.stderr}")
-        time.sleep(1.0)
+    with cluster.api_client() as api:
+        wait_established(api, timeout)
 
 
 def tiny_minilm(name: str = "minilm", image: str | None = None) -> dict[str, Any]:
@@ -114,13 +123,16 @@ def tiny_minilm(name: str = "minilm", image: str | None = None) -> dict[str, Any
 class OperatorProcess:
     """`python -m warmgate_operator ARGS` against a cluster (its `env`: KUBECONFIG), output in
     `log_path`, in a session of its own and stopped by its pid. Server pods default to the
-    server image the node holds, and download their model from the devcluster's hub."""
+    server image the node holds, never pulled (the node's only images are the imported ones),
+    and download their model from the devcluster's hub."""
 
     def __init__(self, cluster: Any, log_path: Path, *args: str) -> None:
         self.env = dict(cluster.env, PYTHONUNBUFFERED="1")
         self.log_path = log_path
         if not any(arg.startswith("--default-image") for arg in args):
             args = (f"--default-image={images.SERVER.name}", *args)
+        if not any(arg.startswith("--server-image-pull-policy") for arg in args):
+            args = ("--server-image-pull-policy=Never", *args)
         hub = getattr(cluster, "hub_endpoint", None)
         if hub and not any(arg.startswith("--hub-endpoint") for arg in args):
             args = (f"--hub-endpoint={hub}", *args)
@@ -173,33 +185,63 @@ class OperatorProcess:
 
 
 # ------------------------------------------------------- end to end: a namespace, a workload
+# The kinds the tests read, by the names kubectl takes: (apiVersion, plural).
+RESOURCES = {
+    "pods": ("v1", "pods"),
+    "services": ("v1", "services"),
+    "configmaps": ("v1", "configmaps"),
+    "events": ("v1", "events"),
+    "deployments": ("apps/v1", "deployments"),
+    "horizontalpodautoscalers": ("autoscaling/v2", "horizontalpodautoscalers"),
+    "endpointslices": ("discovery.k8s.io/v1", "endpointslices"),
+    PLURAL: (API_VERSION, PLURAL),
+}
+_SHORT_NAMES = {"hpa": "horizontalpodautoscalers", KIND.lower(): PLURAL}
+
+
+def resource(kind: str) -> tuple[str, str]:
+    """(apiVersion, plural) of a kind as kubectl takes it: `pods`, `pod`, `hpa`, ..."""
+    name = _SHORT_NAMES.get(kind, kind)
+    found = RESOURCES.get(name) or RESOURCES.get(f"{name}s")
+    if found is None:
+        raise KeyError(f"{kind}: not one of the kinds the tests read ({', '.join(RESOURCES)})")
+    return found
+
+
 class Kube:
-    """kubectl in one namespace, returning parsed JSON."""
+    """One namespace of a devcluster, objects as JSON dicts: read and patched through the
+    Kubernetes client; manifests applied, and kubectl's own verbs (`scale`, `delete --wait`)
+    run, by kubectl."""
 
     def __init__(self, devcluster: Any, namespace: str) -> None:
         self.devcluster = devcluster
         self.namespace = namespace
+        self.api = devcluster.api
 
     def run(self, *args: str, check: bool = True, input: str | None = None):
         return self.devcluster.kubectl("-n", self.namespace, *args, check=check, input=input)
 
+    def path(self, kind: str, name: str | None = None) -> str:
+        return kubeapi.resource_path(*resource(kind), self.namespace, name)
+
     def get(self, kind: str, name: str | None = None, selector: str | None = None) -> Any:
-        args = ["get", kind] + ([name] if name else []) + ["-o", "json"]
-        if selector:
-            args += ["-l", selector]
-        result = self.run(*args, check=False)
-        if result.returncode != 0:
+        """The object (or the list, without `name`); None when it is missing or the read
+        failed (callers poll)."""
+        query = {"labelSelector": selector} if selector else None
+        try:
+            return kubeapi.read(self.api, self.path(kind, name), query=query)
+        except (kubeapi.ApiError, *kubeapi.UNANSWERED):
             return None
-        return json.loads(result.stdout)
 
     def apply(self, manifest: dict) -> None:
         self.run("apply", "-f", "-", input=yaml.safe_dump(manifest))
 
     def patch(self, kind: str, name: str, patch: dict) -> None:
-        self.run("patch", kind, name, "--type", "merge", "-p", json.dumps(patch))
+        """A JSON merge patch (`kubectl patch --type merge`)."""
+        kubeapi.call(self.api, "PATCH", self.path(kind, name), patch, content_type=MERGE_PATCH)
 
     def pods(self, service: str) -> list[dict]:
-        found = self.get("pods", selector=f"warmgate.dev/service={service}")
+        found = self.get("pods", selector=f"{SERVICE_LABEL}={service}")
         return found["items"] if found else []
 
     def events(self) -> list[dict]:
@@ -225,8 +267,8 @@ def embedding_service(name: str, revision: str = "v1", **spec_overrides: Any) ->
         else:
             spec[key] = value
     return {
-        "apiVersion": "warmgate.dev/v1alpha1",
-        "kind": "EmbeddingService",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name},
         "spec": spec,
     }

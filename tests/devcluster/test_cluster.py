@@ -1,8 +1,8 @@
-"""The devcluster (cluster.py): up and down leave nothing behind, a machine that cannot run
-the node is told why, and the real node against the real control plane: kubelet runs containers
-from the imported images (runc, CNI), probes and readiness gates decide Ready, kube-proxy routes
-Services (node ports on the node's address, ClusterIPs inside the node), CoreDNS answers Service
-names, metrics-server serves `kubectl top`, and `kubectl logs`/`exec` reach the containers."""
+"""The devcluster (cluster.py): up and down leave nothing behind, and the real node against the
+real control plane: kubelet runs containers from the imported images (runc, CNI), probes and
+readiness gates decide Ready, kube-proxy routes Services (node ports on the node's address,
+ClusterIPs inside the node), CoreDNS answers Service names, metrics-server serves `kubectl top`,
+and `kubectl logs`/`exec` reach the containers."""
 
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ from support.pods import (
     pod_manifest,
     script_configmap,
     server_container,
-    wait_for,
 )
 
-from warmgate_devcluster import cgroups, procs
+from warmgate_contract.names import WARMED_CONDITION
+from warmgate_devcluster import cgroups, kubeapi, procs
 from warmgate_devcluster.cluster import (
     COMPONENTS,
     CONTROL_PLANE,
@@ -40,10 +40,10 @@ from warmgate_devcluster.cluster import (
 )
 from warmgate_devcluster.images import BASE
 from warmgate_devcluster.pytest_plugin import isolated_config, reserve_slot
+from warmgate_devcluster.testkit import wait_until
 
 pytestmark = pytest.mark.cluster
 
-WARMED = "warmgate.dev/warmed"
 # The generated client defaults PATCH bodies to JSON Patch; ours are strategic merge patches.
 SMP = "application/strategic-merge-patch+json"
 
@@ -65,14 +65,14 @@ def apply(devcluster, namespace: str, manifest: dict) -> None:
 
 
 def ready_pod(core, namespace: str, name: str, timeout: float = 90):
-    return wait_for(
+    return wait_until(
         lambda: (
             (p := core.read_namespaced_pod(name, namespace))
             and condition(p, "Ready") == "True"
             and p
         ),
-        f"pod {name} to be Ready",
         timeout,
+        f"pod {name} to be Ready",
     )
 
 
@@ -109,16 +109,18 @@ def test_readiness_gate_holds_ready_until_its_condition_is_true(devcluster, name
     apply(
         devcluster,
         namespace,
-        pod_manifest("gated", server_container(), readinessGates=[{"conditionType": WARMED}]),
+        pod_manifest(
+            "gated", server_container(), readinessGates=[{"conditionType": WARMED_CONDITION}]
+        ),
     )
-    pod = wait_for(
+    pod = wait_until(
         lambda: (
             (p := core.read_namespaced_pod("gated", namespace))
             and condition(p, "ContainersReady") == "True"
             and p
         ),
-        "containers ready",
         90,
+        "containers ready",
     )
     # kubelet: every container ready, but a gate condition is missing, so the pod is not Ready,
     # through several probe periods and status syncs.
@@ -130,13 +132,19 @@ def test_readiness_gate_holds_ready_until_its_condition_is_true(devcluster, name
     core.patch_namespaced_pod_status(
         "gated",
         namespace,
-        {"status": {"conditions": [{"type": WARMED, "status": "True", "lastTransitionTime": now}]}},
+        {
+            "status": {
+                "conditions": [
+                    {"type": WARMED_CONDITION, "status": "True", "lastTransitionTime": now}
+                ]
+            }
+        },
         _content_type=SMP,
     )
     pod = ready_pod(core, namespace, "gated", timeout=30)
-    assert condition(pod, WARMED) == "True"
+    assert condition(pod, WARMED_CONDITION) == "True"
     # Later status updates by kubelet keep the operator's condition.
-    assert {c.type for c in pod.status.conditions} >= {"Ready", "ContainersReady", WARMED}
+    assert {c.type for c in pod.status.conditions} >= {"Ready", "ContainersReady", WARMED_CONDITION}
 
 
 def test_services_route_to_ready_pods_by_node_port_cluster_ip_and_dns(devcluster, namespace, core):
@@ -155,12 +163,15 @@ def test_services_route_to_ready_pods_by_node_port_cluster_ip_and_dns(devcluster
     def answering_pods() -> set[str]:
         pods = set()
         for _ in range(12):
-            code, body = http_json(f"http://{devcluster.node_ip}:{node_port}/", timeout=3)
+            try:
+                code, body = http_json(f"http://{devcluster.node_ip}:{node_port}/", timeout=3)
+            except OSError:  # refused or timed out: not routed yet
+                continue
             if code == 200:
                 pods.add(body["pod"])
         return pods
 
-    served = wait_for(answering_pods, "kube-proxy to route the node port", 90)
+    served = wait_until(answering_pods, 90, "kube-proxy to route the node port")
     assert all(name.startswith("front-") and "warming" not in name for name in served), served
 
     # From inside the cluster: the Service's DNS name (CoreDNS) and its ClusterIP (kube-proxy).
@@ -181,10 +192,10 @@ def test_services_route_to_ready_pods_by_node_port_cluster_ip_and_dns(devcluster
         restartPolicy="Never",
     )
     apply(devcluster, namespace, client_pod)
-    wait_for(
+    wait_until(
         lambda: core.read_namespaced_pod("client", namespace).status.phase == "Succeeded",
-        "the client pod to finish",
         90,
+        "the client pod to finish",
     )
     answer = json.loads(core.read_namespaced_pod_log("client", namespace).strip())
     assert answer["address"] == service.spec.cluster_ip
@@ -199,7 +210,7 @@ def test_failing_liveness_probe_restarts_the_container(devcluster, namespace, co
         statuses = core.read_namespaced_pod("flaky", namespace).status.container_statuses
         return bool(statuses) and statuses[0].restart_count >= 1
 
-    wait_for(restarted, "kubelet to restart the container", 90)
+    wait_until(restarted, 90, "kubelet to restart the container")
     events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=flaky")
     reasons = {event.reason for event in events.items}
     assert {"Unhealthy", "Killing"} <= reasons, reasons
@@ -222,7 +233,7 @@ def test_logs_exec_and_metrics_reach_the_container(devcluster, namespace, core):
                                     check=False)  # fmt: skip
         return result.stdout if result.returncode == 0 and "talk" in result.stdout else None
 
-    line = wait_for(top, "metrics-server to report the pod (kubectl top)", 120, interval=2)
+    line = wait_until(top, 120, "metrics-server to report the pod (kubectl top)", every=2)
     _name, cpu, memory = line.split()
     assert cpu.endswith("m") and memory.endswith("Mi")
 
@@ -254,7 +265,7 @@ def test_deleting_a_pod_stops_its_container_within_the_grace_period(devcluster, 
     assert pids
     started = time.monotonic()
     core.delete_namespaced_pod("brief", namespace)
-    wait_for(lambda: gone(core, namespace, "brief"), "the pod to be deleted", 30)
+    wait_until(lambda: gone(core, namespace, "brief"), 30, "the pod to be deleted")
     # The testserver exits on SIGTERM at once: well inside its 5 s grace period.
     assert time.monotonic() - started < 15
     assert not [pid for pid in pids if procs.pid_running(pid)]
@@ -262,12 +273,12 @@ def test_deleting_a_pod_stops_its_container_within_the_grace_period(devcluster, 
 
 def test_a_deployment_rolls_to_a_new_template(devcluster, namespace, core, apps):
     apply(devcluster, namespace, deployment_manifest("roll", server_container(), replicas=1))
-    wait_for(
+    wait_until(
         lambda: (
             (apps.read_namespaced_deployment("roll", namespace).status.ready_replicas or 0) == 1
         ),
-        "the first pod",
         90,
+        "the first pod",
     )
     first = {
         p.metadata.name
@@ -287,7 +298,7 @@ def test_a_deployment_rolls_to_a_new_template(devcluster, namespace, core, apps)
             and not names & first
         )
 
-    wait_for(rolled, "the rollout", 120)
+    wait_until(rolled, 120, "the rollout")
 
 
 # ------------------------------------------------------------------ up and down
@@ -299,7 +310,7 @@ def cpu_group(pid: int) -> str:
     raise AssertionError(f"pid {pid} is in no cpu cgroup")
 
 
-def test_up_status_down_leave_nothing_behind(tmp_path):
+def test_up_status_down_leave_nothing_behind(tmp_path, report):
     slot = reserve_slot()  # not the session cluster's network nor anyone else's
     # The cluster's own images only: this test needs no model server.
     cluster = DevCluster(isolated_config(tmp_path / "state", slot, app_images=False))
@@ -321,16 +332,7 @@ def test_up_status_down_leave_nothing_behind(tmp_path):
         assert {cpu_group(health[name].pid) for name in NODE} == {config.node_group}
 
         # A running pod, so that tear-down has a container, a shim and mounts to remove too.
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(script_configmap()))
-        cluster.kubectl(
-            "apply", "-f", "-", input=json.dumps(pod_manifest("left", server_container()))
-        )
-
-        def running() -> bool:
-            pod = json.loads(cluster.kubectl("get", "pod", "left", "-o", "json").stdout)
-            return bool(pod["status"].get("containerStatuses", [{}])[0].get("ready"))
-
-        wait_for(running, "the pod to run", 90)
+        run_a_pod(cluster, "left")
         pids = cluster.all_pids()
         assert len(pids) > len(COMPONENTS) + 2  # + shims and containers (pause, the server)
         assert all(procs.pid_running(pid) for pid in pids)
@@ -346,18 +348,23 @@ def test_up_status_down_leave_nothing_behind(tmp_path):
     for name in (config.cluster_name, config.node_group, config.control_plane_group):
         assert not (cgroups.V1_CPU / name).exists(), name
     assert cluster.down(log=lambda *_: None) is False
-    print(f"devcluster start: {start_seconds:.1f}s")
+    report(f"devcluster start: {start_seconds:.1f}s")
 
 
 def run_a_pod(cluster: DevCluster, name: str) -> None:
+    """Apply a pod's manifests (kubectl, as a user would) and wait until its container runs."""
     cluster.kubectl("apply", "-f", "-", input=json.dumps(script_configmap()))
     cluster.kubectl("apply", "-f", "-", input=json.dumps(pod_manifest(name, server_container())))
+    path = kubeapi.resource_path("v1", "pods", "default", name)
 
-    def running() -> bool:
-        pod = json.loads(cluster.kubectl("get", "pod", name, "-o", "json").stdout)
-        return bool(pod["status"].get("containerStatuses", [{}])[0].get("ready"))
+    with cluster.api_client() as api:
 
-    wait_for(running, f"pod {name} to run", 90)
+        def running() -> bool:
+            pod = kubeapi.read(api, path) or {}
+            statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+            return bool(statuses[0].get("ready"))
+
+        wait_until(running, 90, f"pod {name} to run")
 
 
 def test_the_next_up_removes_what_a_killed_cluster_left(tmp_path):
@@ -377,7 +384,7 @@ def test_the_next_up_removes_what_a_killed_cluster_left(tmp_path):
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            wait_for(lambda p=pids: not any(procs.pid_running(x) for x in p), "the kill", 10)
+            wait_until(lambda p=pids: not any(procs.pid_running(x) for x in p), 10, "the kill")
         assert not killed.all_pids()
         # What the killed cluster left: its namespace, the route to its pods, mounts, cgroups.
         assert killed.network.netns_path.exists()
@@ -406,16 +413,3 @@ def test_cli_status_and_kubeconfig(tmp_path):
     assert result.stdout.strip() == str(tmp_path / "kubeconfig")
     result = subprocess.run([*run, "status"], capture_output=True, text=True)
     assert result.returncode == 1 and "not running" in result.stdout
-
-
-def test_a_machine_that_cannot_run_the_node_is_told_what_it_needs(monkeypatch):
-    from warmgate_devcluster import cluster
-
-    monkeypatch.setattr(cluster.platform, "system", lambda: "Darwin")
-    with pytest.raises(cluster.NodeUnsupported, match="Linux"):
-        cluster.preflight()
-    monkeypatch.setattr(cluster.platform, "system", lambda: "Linux")
-    monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
-    with pytest.raises(cluster.NodeUnsupported, match="root") as raised:
-        cluster.preflight()
-    assert "Installing into a real cluster" in str(raised.value)

@@ -2,8 +2,9 @@
 (kubelet's cgroups, read by metrics-server), the HPA the operator made scales the Deployment
 out, the new pod serves only once it has passed the warm gate (no cold hit, no failed
 request), and the load ending scales it back in after the CRD's scale-down stabilization
-window. The test prints the timeline: scale-out decision, new pod warm, Ready, first request
-served by it, beside the pod's own warmup time."""
+window. The test reports the timeline (in the run's summary, and in its output when it
+fails): scale-out decision, new pod warm, Ready, first request served by it, beside the pod's
+own warmup time."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from warmgate_contract.names import REASON_VERIFIED, SERVER_PORT, WARMED_CONDITION
 from warmgate_devcluster.loadgen import ConstantRateLoad
 from warmgate_devcluster.testkit import (
     condition,
@@ -43,7 +45,7 @@ def deployment_replicas(kube: Any, name: str) -> int:
     return int((kube.get("deployment", name) or {}).get("spec", {}).get("replicas") or 0)
 
 
-def test_load_scales_out_through_the_warm_gate_and_idles_back_in(kube, operator):
+def test_load_scales_out_through_the_warm_gate_and_idles_back_in(kube, operator, report):
     kube.apply(
         embedding_service(
             "scaler",
@@ -76,16 +78,16 @@ def test_load_scales_out_through_the_warm_gate_and_idles_back_in(kube, operator)
             60,
             "a request answered by the new pod",
         )
-    report, load_started = load.report, load.started_wall
+    samples, load_started = load.report, load.started_wall
 
-    assert not report.failed, report.failed[:5]
-    assert not report.cold, report.cold[:5]
+    assert not samples.failed, samples.failed[:5]
+    assert not samples.cold, samples.cold[:5]
     # The new pod took traffic only after the operator verified its warmup.
-    warmed = condition(new_pod, "warmgate.dev/warmed")
+    warmed = condition(new_pod, WARMED_CONDITION)
     ready = condition(new_pod, "Ready")
-    assert warmed["status"] == "True" and warmed["reason"] == "WarmupVerified"
+    assert warmed["status"] == "True" and warmed["reason"] == REASON_VERIFIED
     assert epoch(warmed["lastTransitionTime"]) <= epoch(ready["lastTransitionTime"])
-    first_served = min(s.started for s in report.samples if s.pod == new_name) + load_started
+    first_served = min(s.started for s in samples.samples if s.pod == new_name) + load_started
     assert first_served >= epoch(ready["lastTransitionTime"]) - 1  # timestamps are whole seconds
 
     hpa = kube.get("hpa", "scaler")
@@ -96,17 +98,18 @@ def test_load_scales_out_through_the_warm_gate_and_idles_back_in(kube, operator)
         "scale-out decision (HPA lastScaleTime)": scaled_out - load_started,
         "new pod created": created - load_started,
         "new pod's server warm (ContainersReady)": containers_ready - load_started,
-        "warm gate opened (warmgate.dev/warmed)": epoch(warmed["lastTransitionTime"])
+        f"warm gate opened ({WARMED_CONDITION})": epoch(warmed["lastTransitionTime"])
         - load_started,
         "new pod Ready": epoch(ready["lastTransitionTime"]) - load_started,
         "first request served by it": first_served - load_started,
     }
-    print("\nautoscaling timeline, seconds after the load began:")
+    report("autoscaling timeline, seconds after the load began:")
     for what, seconds in timeline.items():
-        print(f"  {seconds:6.1f}  {what}")
-    with urllib.request.urlopen(f"http://{new_pod['status']['podIP']}:8080/ready") as response:
+        report(f"  {seconds:6.1f}  {what}")
+    ready_url = f"http://{new_pod['status']['podIP']}:{SERVER_PORT}/ready"
+    with urllib.request.urlopen(ready_url) as response:
         warmup = json.load(response)["warmup_seconds"]
-    print(
+    report(
         f"  decision to first request served: {first_served - scaled_out:.1f}s; the new pod "
         f"started in {containers_ready - epoch(container_started(new_pod)):.0f}s, of which "
         f"warmup {warmup:.1f}s; status.startupSeconds {emb['status'].get('startupSeconds')}"
@@ -122,4 +125,4 @@ def test_load_scales_out_through_the_warm_gate_and_idles_back_in(kube, operator)
     )
     scaled_in_after = time.monotonic() - ended
     assert scaled_in_after >= SCALE_DOWN_WINDOW
-    print(f"  scaled back in {scaled_in_after:.0f}s after the load ended")
+    report(f"  scaled back in {scaled_in_after:.0f}s after the load ended")
