@@ -39,3 +39,31 @@ def test_test_helpers_live_in_the_support_package():
         and "support" not in path.relative_to(ROOT / "tests").parts
     ]
     assert stray == []
+
+
+PACKAGES = {
+    "server": ROOT / "server" / "warmgate_server",
+    "operator": ROOT / "operator" / "warmgate_operator",
+    "contract": ROOT / "contract" / "warmgate_contract",
+    "devcluster": ROOT / "devcluster" / "warmgate_devcluster",
+}
+# Tests of more than one module, or of a file that is not a module; named for what they check.
+ACROSS_MODULES = {
+    "contract/test_agreement.py",  # the operator against the server (docs/contract.md)
+    "operator/test_crd.py",  # the CRD file
+    "operator/test_cluster_crd.py",  # the CRD on a real apiserver
+    "operator/test_cluster_operator.py",  # the operator process on a real apiserver
+}
+
+
+def test_each_parts_test_files_are_named_after_the_module_they_test():
+    # tests/server/test_cpus.py tests server/warmgate_server/cpus.py; test_main.py __main__.py.
+    misnamed = []
+    for part, package in PACKAGES.items():
+        for path in sorted((ROOT / "tests" / part).glob("test_*.py")):
+            module = path.stem.removeprefix("test_")
+            module = "__main__" if module == "main" else module
+            name = f"{part}/{path.name}"
+            if not (package / f"{module}.py").is_file() and name not in ACROSS_MODULES:
+                misnamed.append(name)
+    assert misnamed == [], "name each after its module, or add it to ACROSS_MODULES saying why"

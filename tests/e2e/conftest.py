@@ -7,15 +7,13 @@ from collections.abc import Iterator
 import pytest
 from support.load import reference_vectors  # noqa: F401 - a fixture for the e2e tests
 
-from warmgate_devcluster.testkit import Kube, NamespacedOperator, install_crd
+from warmgate_devcluster.testkit import CRD_NAME, Kube, NamespacedOperator, install_crd
 
 
 @pytest.fixture(scope="session")
 def crd(devcluster) -> None:
     install_crd(devcluster)
-    devcluster.kubectl(
-        "wait", "--for=condition=Established", "crd/embeddingservices.warmgate.dev", "--timeout=60s"
-    )
+    devcluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
 
 
 @pytest.fixture

@@ -1,22 +1,29 @@
 """Where a pod's model comes from, end to end on the devcluster's real node: the hub (the
 default; here the devcluster's own hub, `hubmirror`, since no hub outside this machine can be
-reached), an OCI image mounted as an image volume, and the server image itself; and the warm
-gate holding back a pod whose files differ from its template siblings' when a branch moves on
-the hub between their starts."""
+reached), a PersistentVolumeClaim filled by the Job of `examples/model-from-pvc.yaml` (a plain
+folder, and a Hugging Face cache), an OCI image mounted as an image volume, and the server image
+itself; and the warm gate holding back a pod whose files differ from its template siblings'
+when a branch moves on the hub between their starts."""
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from support.load import LOAD_TEXT, service_load, summary, wait_for_traffic, weights_of
 
 from warmgate_devcluster.hubmirror import set_ref
 from warmgate_devcluster.images import MODEL_MINILM_V2, SERVER_MINILM
 from warmgate_devcluster.loadgen import first_vector
-from warmgate_devcluster.models import MINILM_ID, hub_root, minilm_v2_folder
+from warmgate_devcluster.models import MINILM_ID, hub_root, minilm_folder, minilm_v2_folder
 from warmgate_devcluster.testkit import (
     condition,
     embedding_service,
@@ -27,6 +34,9 @@ from warmgate_devcluster.testkit import (
 from warmgate_server.source import weights_digest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PVC_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "model-from-pvc.yaml"
+SERVER_USER = 10001
 
 
 def embed_once(kube, name: str) -> tuple[float, ...] | None:
@@ -114,3 +124,102 @@ def test_a_model_from_an_image_volume_and_one_baked_into_the_server_image(
     assert volumes["model"]["image"]["reference"] == MODEL_MINILM_V2.name
     # Clients see the model's id, not the folder it was read from.
     assert pod["spec"]["containers"][0]["args"].count(f"--served-model-name={MINILM_ID}") == 1
+
+
+# ------------------------------------------------------------------ a PersistentVolumeClaim
+def pvc_example(kind: str) -> dict[str, Any]:
+    (doc,) = [doc for doc in yaml.safe_load_all(PVC_EXAMPLE.read_text()) if doc["kind"] == kind]
+    return doc
+
+
+@pytest.fixture
+def model_claim(kube, tmp_path: Path) -> Iterator[str]:
+    """The example's claim, bound to a hostPath volume on the devcluster's node (what a
+    cluster's storage would provision), writable by the server image's user as the Job's
+    fsGroup makes a real volume (a hostPath ignores fsGroup)."""
+    folder = tmp_path / "volume"
+    folder.mkdir()
+    os.chown(folder, SERVER_USER, SERVER_USER)
+    claim = pvc_example("PersistentVolumeClaim")
+    volume_name = f"{kube.namespace}-models"
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": volume_name},
+        "spec": {
+            "capacity": claim["spec"]["resources"]["requests"],
+            "accessModes": claim["spec"]["accessModes"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": str(folder), "type": "Directory"},
+        },
+    }
+    kube.devcluster.kubectl("apply", "-f", "-", input=json.dumps(volume))
+    claim["spec"].update(storageClassName="", volumeName=volume_name)
+    kube.apply(claim)
+    try:
+        yield claim["metadata"]["name"]
+    finally:
+        # Deleted once the namespace's deletion releases the claim (pv-protection).
+        kube.devcluster.kubectl("delete", "pv", volume_name, "--wait=false", check=False)
+
+
+def fill(kube, name: str, revision: str, *target: str) -> None:
+    """Run the example's Job (`hf download` in the server image, as the server's user) for
+    MiniLM at `revision` into `target` (--local-dir or --cache-dir) on the claim, from the
+    devcluster's hub, and wait for it to finish."""
+    job = copy.deepcopy(pvc_example("Job"))
+    job["metadata"]["name"] = name
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    command, _model, *_options = container["args"]
+    container["args"] = [command, MINILM_ID, "--revision", revision, *target]
+    container["env"].append({"name": "HF_ENDPOINT", "value": kube.devcluster.hub_endpoint})
+    kube.apply(job)
+    done = kube.run(
+        "wait", "--for=condition=complete", f"job/{name}", "--timeout=300s", check=False
+    )
+    assert done.returncode == 0, kube.run("logs", f"job/{name}", check=False).stdout[-3000:]
+
+
+def test_a_model_from_a_claim_as_a_folder_and_as_a_hugging_face_cache_and_its_reload(
+    kube, operator, reference_vectors, model_claim
+):
+    # The example's two ways to fill a claim: a plain folder, and a Hugging Face cache.
+    fill(kube, "fill-folder", "v2", "--local-dir", "/models/minilm-v2")
+    fill(kube, "fill-cache", "v1", "--cache-dir", "/models/hub")
+    folder = {"volume": {"claimName": model_claim, "path": "minilm-v2"}}
+    kube.apply(embedding_service("fromclaim", "v2", replicas=1, model={"source": folder}))
+    cache = {"volume": {"claimName": model_claim, "layout": "hubCache"}}
+    kube.apply(embedding_service("fromcache", "v1", replicas=1, model={"source": cache}))
+    from_folder = wait_ready(kube, "fromclaim", "v2", replicas=1, timeout=400)
+    from_cache = wait_ready(kube, "fromcache", "v1", replicas=1, timeout=400)
+
+    assert weights_of(embed_once(kube, "fromclaim"), reference_vectors) == "v2"
+    assert weights_of(embed_once(kube, "fromcache"), reference_vectors) == "v1"
+    # A folder is named by its weights; a cache also by the commit its revision points at.
+    assert "commit" not in from_folder["status"]["model"]
+    assert from_folder["status"]["model"]["weightsDigest"] == weights_digest(minilm_v2_folder())
+    revisions = kube.devcluster.hub_revisions
+    assert from_cache["status"]["model"]["commit"] == revisions["v1"]
+    assert from_cache["status"]["model"]["weightsDigest"] == weights_digest(minilm_folder())
+    # The claim is mounted read-only and nothing is downloaded at start.
+    (pod,) = kube.pods("fromcache")
+    (server,) = pod["spec"]["containers"]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "model"]
+    assert volume["persistentVolumeClaim"] == {"claimName": model_claim, "readOnly": True}
+    env = {item["name"]: item.get("value") for item in server["env"]}
+    assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == "/var/lib/warmgate/models"
+    kube.run("delete", "embeddingservice", "fromclaim", "--wait=false")
+
+    # A reload, as the example says: download the new revision into the cache, then ask for it.
+    # Requests keep being answered, by the old weights and then by the new.
+    fill(kube, "fill-cache-v2", "v2", "--cache-dir", "/models/hub")
+    with service_load(kube, "fromcache") as load:
+        wait_for_traffic(load, 20)
+        kube.patch("embeddingservice", "fromcache", {"spec": {"model": {"revision": "v2"}}})
+        reloaded = wait_ready(kube, "fromcache", "v2", replicas=1, timeout=400)
+        wait_for_traffic(load, 20)
+    assert reloaded["status"]["model"]["commit"] == revisions["v2"]
+    assert not load.report.failed, summary(load.report.failed)
+    served = [weights_of(sample.vector, reference_vectors) for sample in load.report.samples]
+    assert served[0] == "v1" and served[-1] == "v2" and set(served) == {"v1", "v2"}

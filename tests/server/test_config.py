@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,7 @@ import pytest
 from warmgate_contract.flags import BY_NAME
 from warmgate_contract.shapes import Shape
 from warmgate_server.config import ConfigError, parse_config
-from warmgate_server.cpus import ThreadPlan, _cgroup_cpu_limit, plan_threads
-from warmgate_server.testing import SERVER_ROOT
+from warmgate_server.testing import CONTRACT_ROOT, SERVER_ROOT
 
 
 def test_defaults_follow_the_contract() -> None:
@@ -121,43 +121,13 @@ def test_invalid_profile_is_a_clear_error(tmp_path: Path, text: str) -> None:
 def test_bad_config_exits_2_with_the_message() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "warmgate_server", "--model", "m", "--sequence-buckets", "64,32"],
-        env={"PYTHONPATH": str(SERVER_ROOT), "PATH": "/usr/bin:/bin"},
+        env={
+            "PYTHONPATH": os.pathsep.join((str(SERVER_ROOT), str(CONTRACT_ROOT))),
+            "PATH": "/usr/bin:/bin",
+        },
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 2
     assert "strictly ascending" in result.stderr
-
-
-def test_thread_plan_splits_the_cpus_among_model_workers() -> None:
-    def plan(*args: str, device: str = "cpu", cpus: int = 2) -> ThreadPlan:
-        return plan_threads(parse_config(["--model", "m", *args], environ={}), device, cpus)
-
-    assert plan() == ThreadPlan(workers=2, threads=1)
-    assert plan(cpus=1) == ThreadPlan(workers=1, threads=1)
-    assert plan(cpus=16) == ThreadPlan(workers=2, threads=8)
-    assert plan(device="cuda", cpus=16) == ThreadPlan(workers=1, threads=16)
-    assert plan("--model-workers", "4", cpus=16) == ThreadPlan(workers=4, threads=4)
-    assert plan("--model-workers", "1", "--torch-threads", "3") == ThreadPlan(1, 3)
-
-
-def test_cgroup_cpu_limit_of_the_process_own_cgroup_v2_v1_and_none(tmp_path: Path) -> None:
-    def limit(proc_cgroup: str, files: dict[str, str]) -> float | None:
-        root = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
-        root.mkdir()
-        for name, text in files.items():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            (root / name).write_text(text + "\n")
-        (root / "self-cgroup").write_text(proc_cgroup)
-        return _cgroup_cpu_limit(root, root / "self-cgroup")
-
-    assert limit("0::/pod-a\n", {"pod-a/cpu.max": "150000 100000"}) == 1.5
-    assert limit("0::/\n", {"cpu.max": "max 100000"}) is None
-    v1 = "4:memory:/x\n3:cpu,cpuacct:/pods/b\n"
-    assert limit(v1, {"cpu/pods/b/cpu.cfs_quota_us": "400000",
-                      "cpu/pods/b/cpu.cfs_period_us": "100000"}) == 4.0  # fmt: skip
-    assert limit(v1, {"cpu/pods/b/cpu.cfs_quota_us": "-1",
-                      "cpu/pods/b/cpu.cfs_period_us": "100000"}) is None  # fmt: skip
-    assert limit("3:cpu:/gone\n", {}) is None
-    assert _cgroup_cpu_limit(tmp_path, tmp_path / "no-such-file") is None

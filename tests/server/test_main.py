@@ -164,7 +164,7 @@ def test_model_id_resolves_from_the_offline_hugging_face_cache(
             **os.environ,
             "HF_HOME": str(tmp_path),
             "HF_HUB_OFFLINE": "1",
-            "PYTHONPATH": str(SERVER_ROOT),
+            "PYTHONPATH": os.pathsep.join((str(SERVER_ROOT), str(SERVER_ROOT.parent / "contract"))),
         },
         capture_output=True,
         text=True,

@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 
 from warmgate_contract.shapes import Shape, plan_warmup
 from warmgate_server.shapes import ShapePolicy, bucket_for
-from warmgate_server.warmup import SettleRule, settled, should_stop, steady_seconds
 
 ascending = st.lists(st.integers(1, 512), min_size=1, max_size=6, unique=True).map(sorted)
 
@@ -44,13 +43,3 @@ def test_without_batch_padding_batches_run_at_their_size() -> None:
     policy = ShapePolicy.build([32, 64], 16, 512, False, [Shape(1, 32), Shape(8, 32)])
     assert policy.shape_for(5, 32) == Shape(5, 32)
     assert policy.capacity(64) == 8  # 8 x 64 = 512 tokens
-
-
-def test_settling_ignores_the_cold_first_run() -> None:
-    rule = SettleRule(window=3, tolerance=0.1, max_runs=10, max_seconds=100)
-    assert not settled([0.9, 0.1, 0.1], rule)
-    assert settled([0.9, 0.1, 0.105, 0.1], rule)
-    assert not settled([0.9, 0.1, 0.2, 0.1], rule)
-    assert steady_seconds([0.9, 0.1, 0.105, 0.1], rule) == 0.1
-    assert should_stop([0.5] * 10, rule)
-    assert should_stop([60.0, 1.0, 50.0, 1.0], rule)  # over the time cap once a window exists

@@ -23,12 +23,14 @@ CHART = ROOT / "charts" / "warmgate"
 
 
 def devcluster_values(cluster: Any) -> tuple[str, ...]:
-    """The devcluster's node holds the images the chart names, imported, never pulled; its
+    """The devcluster's node holds the images the chart names, imported, never pulled (the
+    operator's and the server pods'); its
     server pods download their model from the devcluster's hub."""
     return (
         "--set", f"image.repository={OPERATOR.name.rpartition(':')[0]}",
         "--set", "image.pullPolicy=Never",
         "--set", f"serverImage={SERVER.name}",
+        "--set", "serverImagePullPolicy=Never",
         "--set", f"hubEndpoint={cluster.hub_endpoint}",
     )  # fmt: skip
 

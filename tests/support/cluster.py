@@ -1,32 +1,22 @@
 """Helpers for the operator's integration tests against the devcluster: the CRD, an operator
-process stopped by pid, kubectl with JSON output, and polling."""
+process stopped by pid, and kubectl with JSON output (polling: testkit.wait_until)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
 from warmgate_devcluster import testkit
 from warmgate_devcluster.testkit import UNMAPPED_IMAGE, install_crd  # noqa: F401 - re-exported
-from warmgate_devcluster.testkit import wait_until as _wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "minilm.yaml"
 MANAGED = "app.kubernetes.io/managed-by=warmgate"
-
-T = TypeVar("T")
-
-
-def wait_until(
-    probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.25, what: str = ""
-) -> T:
-    """Poll `probe` until it returns something truthy; fail with `what` after `timeout`."""
-    return _wait_until(probe, timeout, what, every=interval)
 
 
 def get_json(cluster: Any, *args: str) -> dict[str, Any] | None:

@@ -1,40 +1,17 @@
-"""Polling with deadlines and small object builders for the devcluster tests: pods that run
-`testserver.py` (this folder) in the base image, the script mounted from a ConfigMap."""
+"""Small object builders for the devcluster tests: pods that run `testserver.py` (this folder)
+in the base image, the script mounted from a ConfigMap (polling: testkit.wait_until)."""
 
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from warmgate_devcluster.images import BASE
 
-T = TypeVar("T")
-
 TESTSERVER_SCRIPT = Path(__file__).with_name("testserver.py")
 TESTSERVER_CONFIGMAP = "testserver"
-
-
-def wait_for(check: Callable[[], T], what: str, timeout: float = 60.0, interval: float = 0.2) -> T:
-    """Poll `check` until it returns something truthy; fail with `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as exc:  # e.g. the object does not exist yet
-            last_error = exc
-        time.sleep(interval)
-    raise AssertionError(
-        f"timed out after {timeout:.0f}s waiting for {what}"
-        + (f" (last error: {last_error})" if last_error else "")
-    )
 
 
 def http_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
