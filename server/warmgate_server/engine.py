@@ -207,17 +207,15 @@ class Engine:
         self, texts: Sequence[str], add_special_tokens: bool, prompt: str | None = None
     ) -> list[list[dict]]:
         """TEI's /tokenize: each text's tokens with their text and byte spans."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._tokenizer_pool, self.runner.tokens, texts, add_special_tokens, prompt
-        )
+        return await self._in_tokenizer_pool(self.runner.tokens, texts, add_special_tokens, prompt)
 
     async def decode(self, ids: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
         """TEI's /decode: token ids back to text."""
+        return await self._in_tokenizer_pool(self.runner.decode, ids, skip_special_tokens)
+
+    async def _in_tokenizer_pool(self, function: Callable[..., T], *args: object) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._tokenizer_pool, self.runner.decode, ids, skip_special_tokens
-        )
+        return await loop.run_in_executor(self._tokenizer_pool, function, *args)
 
     def forward_report(self) -> dict[str, object]:
         """How forward passes run: warmgate's own pass (packed) or the model's (padded), the

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -143,8 +144,6 @@ class GraphSet:
         GraphCaptureError says why it could not."""
         if self.has(shape, worker):
             return
-        import time
-
         rows, seq_len = shape.batch_size, shape.seq_len
         with _CAPTURE_LOCK, torch.inference_mode():
             started = time.perf_counter()
