@@ -193,12 +193,47 @@ def ensure_built(image: Image, log: Path, say: Callable[[str], None] = print) ->
     for dependency in image.depends:
         ensure_built(dependency, log, say)
     started = time.monotonic()
+    build_began = time.time()
     say(f"building image {image.name} (log {log})")
     image.build(image, log)
     if image.built_hash() != wanted:
         raise ImageBuildError(f"{image.name}: built, but without the label {INPUTS_LABEL}")
+    prune_superseded(build_began, log)
     say(f"built {image.name} in {time.monotonic() - started:.0f}s")
     return wanted
+
+
+def _dangling_before(moment: float) -> list[str]:
+    result = subprocess.run(
+        buildah_argv("images", "--filter", "dangling=true", "--json"),
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0 or not result.stdout.strip():
+        return []
+    return [entry["id"] for entry in json.loads(result.stdout) if entry["created"] < moment]
+
+
+def prune_superseded(build_began: float, log: Path) -> list[str]:
+    """Remove what earlier builds left in buildah's storage: a rebuilt image's old version
+    loses its name and, with its layer-cache parents (one image per Dockerfile step), would
+    stay for good (a code change leaves a few hundred MB, a dependency change several GB). The
+    images removed are the nameless, childless ones older than the build that just ran, then
+    their parents that become so; a layer the new image still builds on has a child and stays,
+    and so do the new build's own steps (the operator's build stage), so the layer cache keeps
+    working. Returns the ids removed."""
+    removed: list[str] = []
+    for _ in range(64):  # a chain is one image per Dockerfile step
+        stale = [image for image in _dangling_before(build_began) if image not in removed]
+        if not stale:
+            break
+        result = subprocess.run(buildah_argv("rmi", *stale), capture_output=True, text=True)
+        with log.open("a") as out:
+            out.write(f"\n$ buildah rmi {' '.join(stale)}\n{result.stdout}{result.stderr}")
+        removed += stale
+        if result.returncode != 0:
+            break  # one in use by a build running elsewhere: left for the next build
+    return removed
 
 
 # ------------------------------------------------------------------ the base image
@@ -528,4 +563,28 @@ def import_images(
                 log,
             )
         took[image.name] = time.monotonic() - started
+    remove_orphan_ids(socket, log)
     return took
+
+
+def remove_orphan_ids(socket: Path, log: Path) -> list[str]:
+    """Remove the names containerd's CRI plugin gave to images no other name points at any
+    more. CRI also names every image by its id (`sha256:<config digest>`); when an image is
+    imported again under its name with new contents, the old id's name keeps the old image,
+    layers and all, for good: a code change leaves a few hundred MB in the node's containerd
+    root, a dependency change several GB. Returns the names removed."""
+    result = subprocess.run(ctr_argv(socket, "images", "ls"), capture_output=True, text=True)
+    named, ids = set(), {}
+    for line in result.stdout.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        ref, target = fields[0], fields[2]
+        if ref.startswith("sha256:"):
+            ids[ref] = target
+        else:
+            named.add(target)
+    orphans = sorted(ref for ref, target in ids.items() if target not in named)
+    if orphans:
+        _run(ctr_argv(socket, "images", "rm", *orphans), log)
+    return orphans

@@ -23,8 +23,15 @@ import sys
 from pathlib import Path
 
 from warmgate_devcluster import cgroups
+from warmgate_devcluster.config import cache_root
 
 NODE_COMMANDS = ("ip", "nsenter", "iptables", "iptables-restore", "mount")
+# Free disk the cache folder's filesystem needs: a first run builds Kubernetes, the node and the
+# images (buildah's store, a containerd root with the several-GB server image unpacked, the
+# wheelhouse: about 25 GiB, the venv and Go's caches besides); later runs reuse them and need room
+# for what a run writes (pods' model downloads, logs, etcd, a rebuilt code layer).
+FIRST_RUN_FREE_GIB = 30
+LATER_RUN_FREE_GIB = 8
 # What a user who cannot run the node can do instead of a test target.
 TESTS_WITHOUT_NODE = " `make test-unit` runs the tests that need no cluster."
 
@@ -49,11 +56,32 @@ def problems(*, commands: bool = True) -> list[str]:
             found.append(f"cgroup v1 controllers mounted under /sys/fs/cgroup: {missing}")
         if not Path("/dev/kmsg").exists():
             found.append("/dev/kmsg (kubelet's OOM watcher reads it)")
+        room = disk_shortfall()
+        if room:
+            found.append(room)
         if commands:
             for command in NODE_COMMANDS:
                 if shutil.which(command) is None:
                     found.append(f"the `{command}` command (tools/node-deps.sh installs it)")
     return found
+
+
+def disk_shortfall(cache: Path | None = None) -> str | None:
+    """What is short of free disk where the cache folder lives (None when there is room)."""
+    cache = cache or cache_root()
+    built = (cache / "buildah").is_dir()
+    need = LATER_RUN_FREE_GIB if built else FIRST_RUN_FREE_GIB
+    existing = cache
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free / 2**30
+    if free >= need:
+        return None
+    why = "a run" if built else "a first run (it builds Kubernetes, the node and the images)"
+    return (
+        f"{need} GiB of free disk for {why} where the cache folder {cache} lives ({free:.1f} GiB "
+        "free): free some, or point WARMGATE_CACHE at a bigger disk"
+    )
 
 
 def message(found: list[str]) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -148,21 +149,57 @@ class Slot:
 
     @property
     def containerd_root(self) -> Path:
-        return cache_root() / "containerd" / f"test-slot-{self.index}"
+        return _slot_root(self.index)
 
     def release(self) -> None:
         self._handle.close()
 
 
+def _try_lock(index: int) -> IO | None:
+    handle = open(_LOCK_DIR / f"slot-{index}.lock", "w")  # noqa: SIM115 - held for the run
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def _slot_root(index: int) -> Path:
+    return cache_root() / "containerd" / f"test-slot-{index}"
+
+
+def prune_free_slots_above(index: int) -> list[int]:
+    """Remove the containerd roots (each several GB of unpacked images) of the free slots
+    above `index`. Sessions take the lowest free slot, so a higher slot's root is only used
+    while sessions overlap; kept, one per slot ever used, they would fill the disk. A slot is
+    pruned under its own lock, so a session starting meanwhile waits for nothing and finds it
+    empty. Returns the slots whose roots went."""
+    from warmgate_devcluster.cluster import unmount_under
+
+    pruned = []
+    for other in SLOTS:
+        if other <= index or not _slot_root(other).exists():
+            continue
+        handle = _try_lock(other)
+        if handle is None:
+            continue  # another session's
+        try:
+            unmount_under(_slot_root(other))  # left by a session that was killed
+            shutil.rmtree(_slot_root(other), ignore_errors=True)
+            pruned.append(other)
+        finally:
+            handle.close()
+    return pruned
+
+
 def reserve_slot() -> Slot:
     _LOCK_DIR.mkdir(parents=True, exist_ok=True)
     for index in SLOTS:
-        handle = open(_LOCK_DIR / f"slot-{index}.lock", "w")  # noqa: SIM115 - held for the run
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
+        handle = _try_lock(index)
+        if handle is None:
             continue
+        prune_free_slots_above(index)
         return Slot(index, handle)
     raise RuntimeError(f"all {len(SLOTS)} devcluster slots are held by other test sessions")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from warmgate_devcluster import images
+from warmgate_devcluster.testkit import wait_until
 
 
 def test_an_image_is_rebuilt_only_when_what_goes_into_it_changes(tmp_path, monkeypatch):
@@ -60,6 +61,23 @@ def stored_id(name: str) -> str:
     return result.stdout.strip()
 
 
+def in_buildah(image_id: str) -> bool:
+    result = subprocess.run(
+        images.buildah_argv("inspect", "--type", "image", image_id), capture_output=True
+    )
+    return result.returncode == 0
+
+
+def node_images(socket: Path) -> dict[str, str]:
+    """{name: target digest} of every image the node's containerd holds, the names CRI gives
+    images by their ids (`sha256:...`) included."""
+    result = subprocess.run(
+        images.ctr_argv(socket, "images", "ls"), capture_output=True, text=True, check=True
+    )
+    rows = (line.split() for line in result.stdout.splitlines()[1:])
+    return {row[0]: row[2] for row in rows if len(row) >= 3}
+
+
 def remove_from_buildah(name: str) -> None:
     subprocess.run(images.buildah_argv("rmi", "--force", name), capture_output=True)
 
@@ -88,6 +106,8 @@ def test_ensure_built_runs_no_build_when_nothing_changed(tmp_path):
         assert builds == [image.name, image.name]
         assert stored_id(image.name) != stored
         assert edited.built_hash() == edited.input_hash() != image.input_hash()
+        # The old version, nameless now, is gone from buildah's storage, not left to pile up.
+        assert not in_buildah(stored)
     finally:
         remove_from_buildah(image.name)
 
@@ -116,6 +136,20 @@ def test_import_images_copies_an_image_only_when_the_node_lacks_it(devcluster, t
         assert list(took) == [image.name]
         assert images.containerd_inputs(socket)[image.name] == image.input_hash()
         assert builds == [image.name]  # buildah's copy was current: only the import ran
+
+        # A new version under the same name: the node keeps it and drops the old one, whose id
+        # CRI had named it by (that name would keep the old layers for good).
+        old_id = f"sha256:{stored_id(image.name)}"
+        wait_until(lambda: old_id in node_images(socket), what="CRI naming the image by its id")
+        edited = throwaway_image(image.name.rpartition(":")[2], builds, changed="edited")
+        assert list(images.import_images(socket, [edited], log, say=lambda *_: None)) == [
+            image.name
+        ]
+        held = node_images(socket)
+        assert old_id not in held
+        named = {target for name, target in held.items() if not name.startswith("sha256:")}
+        assert all(target in named for name, target in held.items() if name.startswith("sha256:"))
     finally:
         subprocess.run(images.ctr_argv(socket, "images", "rm", image.name), capture_output=True)
+        images.remove_orphan_ids(socket, log)
         remove_from_buildah(image.name)

@@ -67,3 +67,25 @@ def test_a_user_without_root_is_told_to_use_root_or_a_cluster_of_their_own(monke
     with pytest.raises(preflight.NodeUnsupported, match="root") as raised:
         preflight.check()
     assert "Installing into a real cluster" in str(raised.value)
+
+
+def test_a_cache_folder_on_a_disk_without_room_is_told_how_much_it_needs(tmp_path):
+    # Real filesystems: tmpfs mounts whose sizes are what statvfs reports as free.
+    small, large = tmp_path / "small", tmp_path / "large"
+    for folder, size in ((small, "64m"), (large, f"{preflight.FIRST_RUN_FREE_GIB + 1}g")):
+        folder.mkdir()
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)]
+        subprocess.run(mount, check=True)
+    try:
+        first = preflight.disk_shortfall(small / "warmgate")
+        assert first is not None
+        assert f"{preflight.FIRST_RUN_FREE_GIB} GiB of free disk for a first run" in first
+        assert str(small / "warmgate") in first and "WARMGATE_CACHE" in first
+        # Once the images are built, a run needs less.
+        (small / "warmgate" / "buildah").mkdir(parents=True)
+        later = preflight.disk_shortfall(small / "warmgate")
+        assert later is not None and f"{preflight.LATER_RUN_FREE_GIB} GiB" in later
+        assert preflight.disk_shortfall(large / "warmgate") is None
+    finally:
+        for folder in (small, large):
+            subprocess.run(["umount", str(folder)], check=True)
