@@ -171,15 +171,17 @@ def _slot_root(index: int) -> Path:
 
 def prune_free_slots_above(index: int) -> list[int]:
     """Remove the containerd roots (each several GB of unpacked images) of the free slots
-    above `index`. Sessions take the lowest free slot, so a higher slot's root is only used
-    while sessions overlap; kept, one per slot ever used, they would fill the disk. A slot is
-    pruned under its own lock, so a session starting meanwhile waits for nothing and finds it
-    empty. Returns the slots whose roots went."""
+    above `index` + 1. Sessions take the lowest free slot, so a slot two above a session's own
+    is only used while three sessions overlap; kept, one per slot ever used, those roots would
+    fill the disk. The slot just above stays: a session's second cluster (`make up` run by its
+    test, the lifecycle tests) takes it, and finds its images imported. A slot is pruned under
+    its own lock, so a session starting meanwhile waits for nothing and finds it empty.
+    Returns the slots whose roots went."""
     from warmgate_devcluster.cluster import unmount_under
 
     pruned = []
     for other in SLOTS:
-        if other <= index or not _slot_root(other).exists():
+        if other <= index + 1 or not _slot_root(other).exists():
             continue
         handle = _try_lock(other)
         if handle is None:

@@ -1,6 +1,7 @@
 """The test plugin's slots (pytest_plugin.py): a session takes the lowest free slot and removes the
-containerd roots of the free slots above it, so roots of slots used only while sessions overlapped
-do not pile up on the disk; a slot another session holds keeps its root."""
+containerd roots of the free slots above the next one, so roots of slots used only while sessions
+overlapped do not pile up on the disk; the next slot (a session's second cluster) and a slot
+another session holds keep theirs."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from warmgate_devcluster import pytest_plugin
 from warmgate_devcluster.pytest_plugin import reserve_slot
 
 
-def test_a_session_removes_the_roots_of_free_slots_above_its_own(tmp_path, monkeypatch):
+def test_a_session_removes_the_roots_of_free_slots_above_the_next(tmp_path, monkeypatch):
     monkeypatch.setenv("WARMGATE_CACHE", str(tmp_path))  # the roots live under the cache folder
     roots = {index: pytest_plugin._slot_root(index) for index in pytest_plugin.SLOTS}
     for root in roots.values():
@@ -44,8 +45,9 @@ def test_a_session_removes_the_roots_of_free_slots_above_its_own(tmp_path, monke
         slot = reserve_slot()
         try:
             kept = {index for index, root in roots.items() if root.exists()}
-            below = {index for index in pytest_plugin.SLOTS if index <= slot.index}
+            below = {index for index in pytest_plugin.SLOTS if index <= slot.index + 1}
             assert kept == below | {highest}
+            assert len(kept) < len(roots)  # something was removed
             # The slot taken is locked: a second session cannot take it.
             lock = pytest_plugin._LOCK_DIR / f"slot-{slot.index}.lock"
             with open(lock, "w") as handle, pytest.raises(BlockingIOError):
