@@ -505,17 +505,31 @@ def ctr_argv(socket: Path, *args: str) -> list[str]:
     return [str(find_node_bin_dir() / "ctr"), "--address", str(socket), "-n", "k8s.io", *args]
 
 
-def containerd_inputs(socket: Path) -> dict[str, str]:
-    """{image name: input-hash label} of the images the node's containerd holds."""
+@dataclass(frozen=True)
+class NodeImage:
+    """One name in the node's containerd: what it points at, and its labels."""
+
+    target: str  # the manifest's digest
+    labels: dict[str, str]
+
+
+def node_images(socket: Path) -> dict[str, NodeImage]:
+    """Every image name the node's containerd holds (`ctr images ls`), the names CRI gives
+    images by their ids (`sha256:<config digest>`) included."""
     result = subprocess.run(ctr_argv(socket, "images", "ls"), capture_output=True, text=True)
     found = {}
     for line in result.stdout.splitlines()[1:]:
         fields = line.split()
-        if not fields:
+        if len(fields) < 3:
             continue
         labels = dict(item.split("=", 1) for item in fields[-1].split(",") if "=" in item)
-        found[fields[0]] = labels.get(INPUTS_LABEL, "")
+        found[fields[0]] = NodeImage(target=fields[2], labels=labels)
     return found
+
+
+def containerd_inputs(socket: Path) -> dict[str, str]:
+    """{image name: input-hash label} of the images the node's containerd holds."""
+    return {name: image.labels.get(INPUTS_LABEL, "") for name, image in node_images(socket).items()}
 
 
 def import_images(
@@ -573,18 +587,13 @@ def remove_orphan_ids(socket: Path, log: Path) -> list[str]:
     imported again under its name with new contents, the old id's name keeps the old image,
     layers and all, for good: a code change leaves a few hundred MB in the node's containerd
     root, a dependency change several GB. Returns the names removed."""
-    result = subprocess.run(ctr_argv(socket, "images", "ls"), capture_output=True, text=True)
-    named, ids = set(), {}
-    for line in result.stdout.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        ref, target = fields[0], fields[2]
-        if ref.startswith("sha256:"):
-            ids[ref] = target
-        else:
-            named.add(target)
-    orphans = sorted(ref for ref, target in ids.items() if target not in named)
+    held = node_images(socket)
+    named = {image.target for name, image in held.items() if not name.startswith("sha256:")}
+    orphans = sorted(
+        name
+        for name, image in held.items()
+        if name.startswith("sha256:") and image.target not in named
+    )
     if orphans:
         _run(ctr_argv(socket, "images", "rm", *orphans), log)
     return orphans

@@ -27,7 +27,7 @@ import pytest
 from kubernetes.client import ApiClient
 
 from warmgate_devcluster import cgroups, kubeapi
-from warmgate_devcluster.cluster import DevCluster
+from warmgate_devcluster.cluster import DevCluster, unmount_under
 from warmgate_devcluster.config import ClusterConfig, cache_root
 
 
@@ -177,8 +177,6 @@ def prune_free_slots_above(index: int) -> list[int]:
     test, the lifecycle tests) takes it, and finds its images imported. A slot is pruned under
     its own lock, so a session starting meanwhile waits for nothing and finds it empty.
     Returns the slots whose roots went."""
-    from warmgate_devcluster.cluster import unmount_under
-
     pruned = []
     for other in SLOTS:
         if other <= index + 1 or not _slot_root(other).exists():

@@ -260,18 +260,11 @@ class Engine:
         """Tokenize (tokenizer thread), batch, run (model thread). Raises InputTooLong, and
         InvalidTokenIds for `openai_ids` inputs (OpenAI's ids, with --openai-token-ids).
         Texts get `prompt` before them (None: the model's default prompt)."""
-        loop = asyncio.get_running_loop()
         self._tokenizing += 1
         started = time.monotonic()
         try:
-            token_ids = await loop.run_in_executor(
-                self._tokenizer_pool,
-                self._tokenize,
-                texts,
-                truncate,
-                truncate_left,
-                openai_ids,
-                prompt,
+            token_ids = await self._in_tokenizer_pool(
+                self._tokenize, texts, truncate, truncate_left, openai_ids, prompt
             )
         finally:
             self._tokenizing -= 1
@@ -308,9 +301,8 @@ class Engine:
         """Every token's last hidden state per input (TEI's /embed_all: no pooling), in
         request order, with the token count and whether a shape ran cold. Runs on model worker
         0 in planned shapes (inputs grouped by bucket), next to the batcher's batches."""
-        loop = asyncio.get_running_loop()
-        token_ids = await loop.run_in_executor(
-            self._tokenizer_pool, self._tokenize, texts, truncate, truncate_left, False, prompt
+        token_ids = await self._in_tokenizer_pool(
+            self._tokenize, texts, truncate, truncate_left, False, prompt
         )
         order = sorted(
             range(len(token_ids)),

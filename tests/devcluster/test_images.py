@@ -68,16 +68,6 @@ def in_buildah(image_id: str) -> bool:
     return result.returncode == 0
 
 
-def node_images(socket: Path) -> dict[str, str]:
-    """{name: target digest} of every image the node's containerd holds, the names CRI gives
-    images by their ids (`sha256:...`) included."""
-    result = subprocess.run(
-        images.ctr_argv(socket, "images", "ls"), capture_output=True, text=True, check=True
-    )
-    rows = (line.split() for line in result.stdout.splitlines()[1:])
-    return {row[0]: row[2] for row in rows if len(row) >= 3}
-
-
 def remove_from_buildah(name: str) -> None:
     subprocess.run(images.buildah_argv("rmi", "--force", name), capture_output=True)
 
@@ -140,15 +130,16 @@ def test_import_images_copies_an_image_only_when_the_node_lacks_it(devcluster, t
         # A new version under the same name: the node keeps it and drops the old one, whose id
         # CRI had named it by (that name would keep the old layers for good).
         old_id = f"sha256:{stored_id(image.name)}"
-        wait_until(lambda: old_id in node_images(socket), what="CRI naming the image by its id")
+        wait_until(
+            lambda: old_id in images.node_images(socket), what="CRI naming the image by its id"
+        )
         edited = throwaway_image(image.name.rpartition(":")[2], builds, changed="edited")
         assert list(images.import_images(socket, [edited], log, say=lambda *_: None)) == [
             image.name
         ]
-        held = node_images(socket)
+        held = images.node_images(socket)
         assert old_id not in held
-        named = {target for name, target in held.items() if not name.startswith("sha256:")}
-        assert all(target in named for name, target in held.items() if name.startswith("sha256:"))
+        assert held[image.name].labels[images.INPUTS_LABEL] == edited.input_hash()
     finally:
         subprocess.run(images.ctr_argv(socket, "images", "rm", image.name), capture_output=True)
         images.remove_orphan_ids(socket, log)
