@@ -220,8 +220,11 @@ async def ensure(
     target = with_hash(desired)
     if current is not None and is_subset(target, current):
         return ApplyOutcome(kind.kind, name, "unchanged", current)
-    if current is not None:
-        # Why a child is written again: drift, or a spec change (the hash annotation).
+    # Every child write says why: absent, or the first field that differs (drift, or a spec
+    # change through the hash annotation).
+    if current is None:
+        log.info("creating %s %s/%s: absent", kind.kind, namespace, name)
+    else:
         log.info("updating %s %s/%s: %s", kind.kind, namespace, name, difference(target, current))
     if (
         kind == DEPLOYMENT
@@ -268,5 +271,6 @@ async def ensure_absent(
     current = await client.get(kind, namespace, name)
     if current is None or controller_uid(current) != owner_uid:
         return ApplyOutcome(kind.kind, name, "absent")
+    log.info("deleting %s %s/%s: no longer wanted", kind.kind, namespace, name)
     await client.delete(kind, namespace, name, uid=current["metadata"].get("uid"))
     return ApplyOutcome(kind.kind, name, "deleted")

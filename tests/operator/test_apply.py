@@ -87,6 +87,25 @@ async def test_ensure_repairs_drift() -> None:
     assert client.find(SERVICE, "default", "minilm")["spec"]["type"] == "ClusterIP"
 
 
+async def test_every_child_write_is_logged_with_its_reason(caplog) -> None:
+    """An operator that writes while nothing changed shows why in its log (the idle test
+    prints these lines when it fails); a child found unchanged logs nothing."""
+    client = FakeClient()
+    caplog.set_level("INFO", logger="warmgate.apply")
+    autoscaled = desired(autoscaling={"enabled": True})
+    await apply.ensure(client, HPA, autoscaled.hpa)
+    await apply.ensure(client, HPA, desired(autoscaling={"enabled": True}).hpa)
+    client.find(HPA, "default", "minilm")["spec"]["maxReplicas"] = 9
+    await apply.ensure(client, HPA, autoscaled.hpa)
+    await apply.ensure_absent(client, HPA, "default", "minilm", "uid-owner")
+    maximum = autoscaled.hpa["spec"]["maxReplicas"]
+    assert [record.getMessage() for record in caplog.records] == [
+        "creating HorizontalPodAutoscaler default/minilm: absent",
+        f"updating HorizontalPodAutoscaler default/minilm: spec.maxReplicas: 9 should be {maximum}",
+        "deleting HorizontalPodAutoscaler default/minilm: no longer wanted",
+    ]
+
+
 def test_difference_names_the_field_that_drifted() -> None:
     desired = {"spec": {"type": "ClusterIP", "ports": [{"name": "http", "port": 80}]}}
     assert apply.difference(desired, copy.deepcopy(desired)) is None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,9 +18,12 @@ from support.cluster import (
     OperatorProcess,
     apply,
     example,
+    free_port,
     get_json,
     install_crd,
     items,
+    operator_metrics,
+    operator_writes,
 )
 
 from warmgate_devcluster.testkit import wait_until
@@ -365,50 +367,50 @@ CHILD_RESOURCES = (
 )
 
 
-def child_writes(stats: dict[str, Any]) -> dict[str, int]:
-    return {
-        key: n
-        for key, n in stats["requests"].items()
-        if key.split()[0] in ("POST", "PATCH", "PUT", "DELETE")
-        and key.split()[1] in CHILD_RESOURCES
-    }
+def child_writes(port: int) -> dict[str, int]:
+    """The operator's writes to children so far, read live from its /metrics (a request is
+    counted before it is sent): no file written once a second that could predate them."""
+    return {key: n for key, n in operator_writes(port).items() if key.split()[1] in CHILD_RESOURCES}
 
 
-def stats_written_after(path: Path, moment: float) -> dict[str, Any]:
-    """The operator's stats file once it has been rewritten after `moment` (wall clock)."""
-
-    def fresh() -> dict[str, Any] | None:
-        return json.loads(path.read_text()) if path.stat().st_mtime > moment else None
-
-    return wait_until(fresh, timeout=30, what=f"{path.name} rewritten")
+def reconciles(port: int) -> float:
+    return (operator_metrics(port) or {}).get(
+        ("warmgate_operator_reconciles_total", (("result", "ok"),)), 0.0
+    )
 
 
-def settled_stats(path: Path, op: Any, timeout: float = 90) -> dict[str, Any]:
-    """The operator's stats once two snapshots a resync and more apart show the same child
-    writes (files written after each moment: the file is rewritten once a second)."""
+def write_reasons(op: Any) -> list[str]:
+    """The operator's log lines for each child it created, updated or deleted, with why."""
+    return [
+        message
+        for message in (line.get("message", "") for line in op.log_lines())
+        if message.startswith(("creating ", "updating ", "deleting "))
+    ]
+
+
+def settled_writes(port: int, op: Any, timeout: float = 90) -> dict[str, int]:
+    """The operator's child writes once they stay the same over a whole resync and more."""
     gap = float(RESYNC) + 1.5
-    previous = stats_written_after(path, time.time())
+    previous = child_writes(port)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(gap)
-        current = stats_written_after(path, time.time())
-        if child_writes(current) == child_writes(previous):
+        current = child_writes(port)
+        if current == previous:
             return current
         previous = current
-    why = [m for m in (line.get("message", "") for line in op.log_lines()) if "updat" in m]
-    raise AssertionError(f"the operator kept writing children for {timeout:g}s: {why[-10:]}")
+    raise AssertionError(
+        f"the operator kept writing children for {timeout:g}s: {write_reasons(op)[-10:]}"
+    )
 
 
 def test_idle_operator_writes_nothing(
     devcluster: Any, crd: None, namespace: str, tmp_path: Path
 ) -> None:
-    stats_file = tmp_path / "stats.json"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        health_port = sock.getsockname()[1]
+    health_port, http_port = free_port(), free_port()
     op = OperatorProcess(
         devcluster, tmp_path / "idle.log", "--namespace", namespace,
-        "--resync-seconds", RESYNC, "--stats-file", str(stats_file),
+        "--resync-seconds", RESYNC, "--http-address", f"127.0.0.1:{http_port}",
         "--liveness-endpoint", f"http://127.0.0.1:{health_port}/healthz",
     ).start()  # fmt: skip
     try:
@@ -421,6 +423,7 @@ def test_idle_operator_writes_nothing(
                 return False
 
         wait_until(healthy, timeout=30, what="the operator's liveness endpoint")
+        wait_until(lambda: operator_metrics(http_port), timeout=30, what="the operator's /metrics")
         # No pods: nothing in the cluster changes on its own.
         apply(devcluster, namespace, example("quiet", replicas=0))
         # Every child kind (HPA, PDB, a NodePort Service whose port the apiserver assigns).
@@ -451,19 +454,24 @@ def test_idle_operator_writes_nothing(
             return out
 
         # Idle starts once the operator has converged: its child writes (server-side apply
-        # creates with a PATCH too) stop changing over a whole resync and more. A snapshot taken
-        # while the last creations of "busy" were still on their way would blame the idle
-        # window for them; an operator that keeps writing never converges and fails here, with
-        # the fields it found different in its log.
-        stats_before = settled_stats(stats_file, op)
+        # creates with a PATCH too) stop changing over a whole resync and more. An operator
+        # that keeps writing never converges and fails here, with its reasons.
+        writes_before = settled_writes(http_port, op)
+        reconciles_before, reasons_before = reconciles(http_port), len(write_reasons(op))
         before = versions()
         time.sleep(3 * float(RESYNC) + 2)  # several resyncs
-        stats_after = stats_written_after(stats_file, time.time())
-        # On a failure, the operator's log says which field it found different and wrote.
-        why = [m for m in (line.get("message", "") for line in op.log_lines()) if "updat" in m]
-        assert versions() == before, why[-10:]
-        assert child_writes(stats_after) == child_writes(stats_before), why[-10:]
-        assert stats_after["reconciles"] > stats_before["reconciles"]  # it did look
+        writes_after = child_writes(http_port)
+        # Each write in the idle window, with the field the operator found different.
+        why = write_reasons(op)[reasons_before:]
+        changed = {
+            key: (writes_before.get(key, 0), n)
+            for key, n in writes_after.items()
+            if n != writes_before.get(key, 0)
+        }
+        assert changed == {}, f"child writes while idle (before, after): {changed}; why: {why}"
+        assert why == [], why
+        assert versions() == before
+        assert reconciles(http_port) > reconciles_before  # it did look
     finally:
         op.stop()
     lines = [line for line in op.log_lines() if "api requests made" in line.get("message", "")]

@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import socket
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cluster import OperatorProcess, apply, example, get_json, install_crd
+from support.cluster import (
+    OperatorProcess,
+    apply,
+    example,
+    free_port,
+    get_json,
+    install_crd,
+    operator_metrics,
+)
 
 from warmgate_devcluster.testkit import wait_until
 from warmgate_operator.kube import KubeClient
@@ -120,20 +125,9 @@ def test_candidates_racing_for_a_free_lease_get_one_leader(
 
 
 # ---------------------------------------------------------------- two operator processes
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def leader_metric(port: int) -> float | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return None
-    match = re.search(r"^warmgate_operator_leader (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else None
+    metrics = operator_metrics(port)
+    return None if metrics is None else metrics.get(("warmgate_operator_leader", ()))
 
 
 def replica(devcluster: Any, namespace: str, tmp_path: Path, name: str) -> tuple[Any, int]:

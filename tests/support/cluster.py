@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from warmgate_devcluster import testkit
 from warmgate_devcluster.testkit import UNMAPPED_IMAGE, install_crd  # noqa: F401 - re-exported
@@ -63,3 +66,39 @@ def running_operator(cluster: Any, log_path: Path, *args: str) -> Iterator[Opera
         yield op
     finally:
         op.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def operator_metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+    """The operator's /metrics at this moment (`--http-address 127.0.0.1:PORT`), as
+    {(sample name, sorted labels): value}; None while it does not answer. The counters are
+    the live ones, read from the endpoint's own thread."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def operator_writes(port: int) -> dict[str, int]:
+    """Every write the operator has made so far, as {"PATCH configmaps": n, ...}."""
+    metrics = operator_metrics(port)
+    if metrics is None:
+        raise AssertionError(f"the operator's /metrics on port {port} does not answer")
+    writes = {}
+    for (name, labels), value in metrics.items():
+        if name == "warmgate_operator_api_requests_total":
+            method, resource = dict(labels)["method"], dict(labels)["resource"]
+            if method in ("POST", "PUT", "PATCH", "DELETE"):
+                writes[f"{method} {resource}"] = int(value)
+    return writes
