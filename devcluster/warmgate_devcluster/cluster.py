@@ -243,10 +243,19 @@ class DevCluster:
             etcd,
         )
         certs = cfg.state_dir / "certs"
+        audit_policy = cfg.state_dir / "audit-policy.yaml"
+        audit_policy.write_text(cp.AUDIT_POLICY)
         apiserver = launch(
             "kube-apiserver",
             cp.apiserver_argv(
-                bin_dir, pki, certs / "apiserver", ports, cfg.service_cidr, cfg.node_port_range
+                bin_dir,
+                pki,
+                certs / "apiserver",
+                ports,
+                cfg.service_cidr,
+                cfg.node_port_range,
+                audit_policy,
+                cfg.audit_log,
             ),
         )
         server = ports.apiserver_url

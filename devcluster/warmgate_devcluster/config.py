@@ -130,6 +130,12 @@ class ClusterConfig:
         return self.state_dir / "logs"
 
     @property
+    def audit_log(self) -> Path:
+        """The apiserver's audit log: every write (who, what, when), one JSON object a line;
+        rotated backups beside it (`audit-<time>.log`)."""
+        return self.logs_dir / "audit.log"
+
+    @property
     def network(self) -> NodeNetwork:
         return NodeNetwork.for_state_dir(
             self.state_dir, self.node_cidr, self.pod_cidr, self.service_cidr

@@ -57,6 +57,24 @@ def etcd_argv(bin_dir: Path, data_dir: Path, ports: Ports) -> list[str]:
     ]
 
 
+# Every write to the API is recorded, with who made it (user and user agent), the object and the
+# time, so "who wrote this, and when?" has an answer from the apiserver itself (the idle
+# operator test asks it). Reads are not recorded: they are most requests and answer nothing of
+# the kind. One event per request, when its response is complete.
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+"""
+
+AUDIT_LOG_MAX_MIB = 32
+AUDIT_LOG_BACKUPS = 1
+
+
 def apiserver_argv(
     bin_dir: Path,
     pki: Pki,
@@ -64,7 +82,11 @@ def apiserver_argv(
     ports: Ports,
     service_cidr: str,
     node_port_range: str,
+    audit_policy: Path,
+    audit_log: Path,
 ) -> list[str]:
+    """`audit_policy` must hold AUDIT_POLICY; the log stays under AUDIT_LOG_MAX_MIB x
+    (AUDIT_LOG_BACKUPS + 1), written before each response (blocking mode)."""
     return [
         str(bin_dir / "kube-apiserver"),
         f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
@@ -96,6 +118,12 @@ def apiserver_argv(
         f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
         f"--proxy-client-key-file={pki.front_proxy_client_key}",
         "--enable-aggregator-routing=true",
+        f"--audit-policy-file={audit_policy}",
+        f"--audit-log-path={audit_log}",
+        "--audit-log-format=json",
+        "--audit-log-mode=blocking",
+        f"--audit-log-maxsize={AUDIT_LOG_MAX_MIB}",
+        f"--audit-log-maxbackup={AUDIT_LOG_BACKUPS}",
         "--profiling=false",
         "--v=1",
     ]

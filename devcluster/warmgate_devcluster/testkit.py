@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -65,6 +66,50 @@ UNMAPPED_IMAGE = "registry.invalid/warmgate/not-imported:1"
 route out, and the operators the tests start never pull): its pods are created and stay
 waiting (ErrImageNeverPull, or ErrImagePull where a pull is tried), running no container
 (objects to reconcile without real servers on 2 cores)."""
+
+
+def audit_writes(
+    audit_log: Path,
+    since: float,
+    until: float,
+    namespace: str | None = None,
+    user_agents: tuple[str, ...] = (),
+) -> list[dict[str, Any]]:
+    """The writes the apiserver recorded in its audit log (`ClusterConfig.audit_log` and its
+    rotated backups) received between `since` and `until` (wall clock), optionally only those
+    in `namespace` and from clients whose user agent starts with one of `user_agents`."""
+    events = []
+    for path in sorted(audit_log.parent.glob(f"{audit_log.stem}*{audit_log.suffix}")):
+        for line in path.read_text(errors="replace").splitlines():
+            if namespace is not None and f'"namespace":"{namespace}"' not in line:
+                continue  # the apiserver writes compact JSON: no need to parse this one
+            try:
+                event = json.loads(line)
+                received = datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+            except (ValueError, KeyError, TypeError):
+                continue  # a line being written
+            ref = event.get("objectRef") or {}
+            if not since <= received <= until:
+                continue
+            if namespace is not None and ref.get("namespace") != namespace:
+                continue
+            if user_agents and not str(event.get("userAgent", "")).startswith(user_agents):
+                continue
+            events.append(event)
+    return events
+
+
+def describe_audit(event: dict[str, Any]) -> str:
+    """`2026-12-01T14:20:00.1Z patch configmaps ns/name (200) by warmgate-operator`."""
+    ref = event.get("objectRef") or {}
+    resource = ref.get("resource", "?")
+    if ref.get("subresource"):
+        resource += f"/{ref['subresource']}"
+    code = (event.get("responseStatus") or {}).get("code")
+    return (
+        f"{event.get('requestReceivedTimestamp')} {event.get('verb')} {resource} "
+        f"{ref.get('namespace', '')}/{ref.get('name', '')} ({code}) by {event.get('userAgent')}"
+    )
 
 
 def _checkout_file(relative: str) -> Path:

@@ -26,7 +26,8 @@ from support.cluster import (
     operator_writes,
 )
 
-from warmgate_devcluster.testkit import wait_until
+from warmgate_devcluster.testkit import audit_writes, describe_audit, wait_until
+from warmgate_operator.kube import USER_AGENT as OPERATOR_USER_AGENT
 
 pytestmark = pytest.mark.cluster
 
@@ -459,8 +460,19 @@ def test_idle_operator_writes_nothing(
         writes_before = settled_writes(http_port, op)
         reconciles_before, reasons_before = reconciles(http_port), len(write_reasons(op))
         before = versions()
+        window_start = time.time()
         time.sleep(3 * float(RESYNC) + 2)  # several resyncs
         writes_after = child_writes(http_port)
+        window_end = time.time()
+        # The apiserver's own record: no write from the operator (its client, or kopf's) to
+        # anything in the namespace. Independent of the operator's counting.
+        audited = audit_writes(
+            devcluster.config.audit_log,
+            window_start,
+            window_end,
+            namespace,
+            user_agents=(OPERATOR_USER_AGENT, "kopf/"),
+        )
         # Each write in the idle window, with the field the operator found different.
         why = write_reasons(op)[reasons_before:]
         changed = {
@@ -468,6 +480,7 @@ def test_idle_operator_writes_nothing(
             for key, n in writes_after.items()
             if n != writes_before.get(key, 0)
         }
+        assert audited == [], [describe_audit(event) for event in audited]
         assert changed == {}, f"child writes while idle (before, after): {changed}; why: {why}"
         assert why == [], why
         assert versions() == before
