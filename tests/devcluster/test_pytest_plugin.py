@@ -15,6 +15,9 @@ from warmgate_devcluster.pytest_plugin import reserve_slot
 
 def test_a_session_removes_the_roots_of_free_slots_above_the_next(tmp_path, monkeypatch):
     monkeypatch.setenv("WARMGATE_CACHE", str(tmp_path))  # the roots live under the cache folder
+    # Slot locks of this test's own: the real ones are held by whichever sessions run here (this
+    # one's, on any slot that was free when it began), which would change what is free.
+    monkeypatch.setattr(pytest_plugin, "_LOCK_DIR", tmp_path / "locks")
     roots = {index: pytest_plugin._slot_root(index) for index in pytest_plugin.SLOTS}
     for root in roots.values():
         (root / "io.containerd.content.v1.content").mkdir(parents=True)
