@@ -577,7 +577,8 @@ def import_images(
                 log,
             )
         took[image.name] = time.monotonic() - started
-    remove_orphan_ids(socket, log)
+    if took:  # an import under a name that held another version leaves its id's name behind
+        remove_orphan_ids(socket, log)
     return took
 
 

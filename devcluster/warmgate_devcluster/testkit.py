@@ -81,8 +81,6 @@ def audit_writes(
     events = []
     for path in sorted(audit_log.parent.glob(f"{audit_log.stem}*{audit_log.suffix}")):
         for line in path.read_text(errors="replace").splitlines():
-            if namespace is not None and f'"namespace":"{namespace}"' not in line:
-                continue  # the apiserver writes compact JSON: no need to parse this one
             try:
                 event = json.loads(line)
                 received = datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()

@@ -17,12 +17,12 @@ from support.cluster import (
     OperatorProcess,
     apply,
     example,
-    free_port,
     get_json,
     install_crd,
     operator_metrics,
 )
 
+from warmgate_devcluster import procs
 from warmgate_devcluster.testkit import wait_until
 from warmgate_operator.kube import KubeClient
 from warmgate_operator.leader import LeaderElector
@@ -131,7 +131,7 @@ def leader_metric(port: int) -> float | None:
 
 
 def replica(devcluster: Any, namespace: str, tmp_path: Path, name: str) -> tuple[Any, int]:
-    port = free_port()
+    (port,) = procs.free_ports(1)
     process = OperatorProcess(
         devcluster, tmp_path / f"{name}.log", "--namespace", namespace,
         "--resync-seconds", "2", "--leader-elect", "--lease-namespace", namespace,

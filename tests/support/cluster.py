@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from warmgate_devcluster import testkit
 from warmgate_devcluster.testkit import UNMAPPED_IMAGE, install_crd  # noqa: F401 - re-exported
+from warmgate_operator.kube import WRITE_METHODS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "minilm.yaml"
@@ -68,12 +68,6 @@ def running_operator(cluster: Any, log_path: Path, *args: str) -> Iterator[Opera
         op.stop()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def operator_metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
     """The operator's /metrics at this moment (`--http-address 127.0.0.1:PORT`), as
     {(sample name, sorted labels): value}; None while it does not answer. The counters are
@@ -99,6 +93,6 @@ def operator_writes(port: int) -> dict[str, int]:
     for (name, labels), value in metrics.items():
         if name == "warmgate_operator_api_requests_total":
             method, resource = dict(labels)["method"], dict(labels)["resource"]
-            if method in ("POST", "PUT", "PATCH", "DELETE"):
+            if method in WRITE_METHODS:
                 writes[f"{method} {resource}"] = int(value)
     return writes
