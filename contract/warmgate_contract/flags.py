@@ -21,7 +21,7 @@ _BOOL_FALSE = {"0", "false", "no", "off"}
 # operator's CRD offers these, or the subset it can place a pod for.
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-POOLINGS = ("mean", "cls", "last")
+POOLINGS = ("mean", "cls", "last", "max", "mean_sqrt_len_tokens", "weightedmean")
 PACKINGS = ("auto", "on", "off")
 CUDA_GRAPHS = ("auto", "on", "off")
 TOKEN_ID_KINDS = ("model", "cl100k_base")
@@ -100,7 +100,8 @@ FLAGS: tuple[Flag, ...] = (
         "pooling",
         str,
         None,
-        "mean, cls or last (default: the model folder's own, else mean)",
+        "mean, cls, last, max, mean_sqrt_len_tokens or weightedmean (default: the model "
+        "folder's own, else mean; last for a decoder)",
     ),
     Flag(
         "--normalize",
@@ -108,6 +109,14 @@ FLAGS: tuple[Flag, ...] = (
         parse_bool,
         None,
         "L2-normalise embeddings (default: the model folder's own, else yes)",
+    ),
+    Flag(
+        "--trust-remote-code",
+        "trust_remote_code",
+        parse_bool,
+        False,
+        "run the model folder's own Python (config.json's auto_map, custom modules): without "
+        "it such a folder is refused",
     ),
     Flag("--max-input-length", "max_input_length", int, None, "max tokens per input"),
     Flag("--max-batch-size", "max_batch_size", int, 32, "max inputs per batch"),

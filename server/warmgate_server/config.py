@@ -49,10 +49,13 @@ class ServerConfig:
     dtype: str = DEFAULTS["dtype"]
     """auto (float16 on cuda, float32 on cpu), float32, float16 or bfloat16."""
     pooling: str | None = DEFAULTS["pooling"]
-    """mean, cls or last; None: the model folder's own (modelconfig.py), else mean."""
+    """One of POOLINGS; None: the model folder's own (modelconfig.py), else mean."""
     normalize: bool | None = DEFAULTS["normalize"]
     """Default L2 normalisation (TEI's `normalize` field overrides it per request); None: the
     model folder's own, else yes."""
+    trust_remote_code: bool = DEFAULTS["trust_remote_code"]
+    """Run the model folder's own Python (auto_map classes, custom modules and activations);
+    without it a folder that needs custom code is refused at start."""
     max_input_length: int | None = DEFAULTS["max_input_length"]
     """Tokens per input, special tokens included (None: the model's, up to the largest bucket)."""
     max_batch_size: int = DEFAULTS["max_batch_size"]

@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from .runner import BatchResult, ModelRunner
 from .scheduler import Embedded, Scheduler, StageTimes
 from .shapes import ShapePolicy, bucket_for
 from .warmup import SettleRule, should_stop, steady_seconds
+
+if TYPE_CHECKING:
+    from .head import Head
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -91,6 +94,7 @@ class Engine:
             )
         try:
             settings = modelconfig.resolve(config, loaded.path)
+            head = self._head(settings, loaded)
         except modelconfig.ModelConfigError as error:
             raise ModelLoadError(str(error)) from None
         self.settings = replace(
@@ -103,10 +107,12 @@ class Engine:
         self.plan = tuple(plan)
         self.runner = ModelRunner(
             loaded,
-            self.settings.pooling,
+            head,
             max_input_length,
             packed=config.packing != "off",
             prompt=self.settings.default_prompt,
+            include_prompt=self.settings.include_prompt,
+            lowercase=self.settings.lowercase,
         )
         self.runner.faults = faults
         self.graphs_mode, self.graphs_reason = self._plan_graphs(config, loaded)
@@ -140,6 +146,20 @@ class Engine:
         )
         self._tokenizing = 0
 
+    @staticmethod
+    def _head(settings: modelconfig.ModelSettings, loaded: LoadedModel) -> Head:
+        """The load's Head when this config resolves the same module chain (the server's own
+        case); else one for this config (tests that share a loaded model)."""
+        same = loaded.settings is not None and (
+            (loaded.settings.pooling_modes, loaded.settings.steps)
+            == (settings.pooling_modes, settings.steps)
+        )
+        if same and loaded.head is not None:
+            return loaded.head
+        from .head import Head
+
+        return Head(settings.pooling_modes, settings.steps, loaded.hidden_size, loaded.device)
+
     def _plan_graphs(self, config: ServerConfig, loaded: LoadedModel) -> tuple[str, str]:
         if config.cuda_graphs == "off":
             return "off", "--cuda-graphs off"
@@ -152,7 +172,7 @@ class Engine:
         from .graphs import GraphSet, graph_forward
 
         self.runner.graphs = GraphSet(
-            graph_forward(loaded, self.settings.pooling),
+            graph_forward(loaded, self.runner.head),
             loaded.device,
             loaded.pad_token_id,
             loaded.cls_token_id,
@@ -175,7 +195,8 @@ class Engine:
 
     @property
     def hidden_size(self) -> int:
-        return self.loaded.hidden_size
+        """The served vectors' dimension (after pooling and any Dense modules)."""
+        return self.runner.head.output_size
 
     @property
     def max_input_length(self) -> int:

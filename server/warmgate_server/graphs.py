@@ -11,10 +11,12 @@ The graphs of one worker share a memory pool, so replaying one may overwrite ano
 `run` copies the output to the host before it returns, and a worker replays one graph at a time.
 
 What is captured is a static forward (`StaticForward`): a padded (rows, seq_len) batch of token
-ids and its 0/1 mask on the device in, pooled float32 vectors out, no host synchronisation.
-BERT-family models use warmgate's own (`PackedBert.dense`); other models their transformers
-forward pass, which some models cannot be captured with: with `--cuda-graphs auto` the server
-then serves eagerly and says why, with `on` it fails its warmup with the reason.
+ids, its 0/1 attention mask and the 0/1 mask of the tokens to pool on the device in, the
+finished float32 vectors out (pooling and the modules after it: head.py), no host
+synchronisation. BERT-family models use warmgate's own (`PackedBert.dense`); other models
+their transformers forward pass, which some models cannot be captured with: with
+`--cuda-graphs auto` the server then serves eagerly and says why, with `on` it fails its
+warmup with the reason.
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ from warmgate_contract.shapes import Shape
 
 log = logging.getLogger(__name__)
 
-StaticForward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""(ids (rows, seq_len) int64, mask (rows, seq_len) int64) on the device -> (rows, hidden)
-float32 pooled vectors on the device."""
+StaticForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(ids, attention mask, pooling mask: (rows, seq_len) int64) on the device -> (rows, size)
+float32 finished vectors on the device."""
 
-Capture = Callable[[StaticForward, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Any]]
-"""(forward, static ids, static mask, memory pool) -> (static output, replay callable)."""
+Capture = Callable[
+    [StaticForward, torch.Tensor, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Any]
+]
+"""(forward, static ids, static mask, static pooling mask, memory pool) -> (static output,
+replay callable)."""
 
 
 class GraphCaptureError(RuntimeError):
@@ -51,7 +56,7 @@ _CAPTURE_LOCK = threading.Lock()
 
 
 def cuda_capture(
-    forward: StaticForward, ids: torch.Tensor, mask: torch.Tensor, pool: Any
+    forward: StaticForward, ids: torch.Tensor, mask: torch.Tensor, pooled: torch.Tensor, pool: Any
 ) -> tuple[torch.Tensor, Callable[[], None]]:
     """Capture `forward` on the static buffers as a CUDA graph in `pool`.
 
@@ -62,25 +67,25 @@ def cuda_capture(
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         for _ in range(2):
-            forward(ids, mask)
+            forward(ids, mask, pooled)
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-        output = forward(ids, mask)
+        output = forward(ids, mask, pooled)
     torch.cuda.synchronize(device)
     return output, graph.replay
 
 
 def replay_eagerly(
-    forward: StaticForward, ids: torch.Tensor, mask: torch.Tensor, pool: Any
+    forward: StaticForward, ids: torch.Tensor, mask: torch.Tensor, pooled: torch.Tensor, pool: Any
 ) -> tuple[torch.Tensor, Callable[[], None]]:
     """Stands in for `cuda_capture` where no GPU exists (the CPU tests): the same static
     buffers and output, and a replay that runs `forward` on them again. Everything but the CUDA
     capture itself (buffer reuse, padding rows, which shapes have a graph) is then exercised."""
-    output = forward(ids, mask)
+    output = forward(ids, mask, pooled)
 
     def replay() -> None:
-        output.copy_(forward(ids, mask))
+        output.copy_(forward(ids, mask, pooled))
 
     return output, replay
 
@@ -89,10 +94,12 @@ def replay_eagerly(
 class _Graph:
     ids: torch.Tensor
     mask: torch.Tensor
+    pool_mask: torch.Tensor
     output: torch.Tensor
     replay: Callable[[], None]
     host_ids: np.ndarray
     host_mask: np.ndarray
+    host_pool_mask: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -157,20 +164,30 @@ class GraphSet:
             host_mask[:, 0] = 1
             ids = torch.from_numpy(host_ids).to(self.device)
             mask = torch.from_numpy(host_mask).to(self.device)
+            pool_mask = mask.clone()
             try:
-                output, replay = self._capture(self.forward, ids, mask, pool)
+                output, replay = self._capture(self.forward, ids, mask, pool_mask, pool)
             except Exception as error:  # torch raises RuntimeError and friends, with the reason
                 raise GraphCaptureError(
                     f"cannot capture a CUDA graph of shape {shape.key}: "
                     f"{type(error).__name__}: {error}"
                 ) from error
-            self._graphs[(worker, shape)] = _Graph(ids, mask, output, replay, host_ids, host_mask)
+            self._graphs[(worker, shape)] = _Graph(
+                ids, mask, pool_mask, output, replay, host_ids, host_mask, host_mask.copy()
+            )
             self.memory_bytes += max(_reserved(self.device) - before, 0)
             self.capture_seconds += time.perf_counter() - started
 
-    def run(self, batch: Sequence[Sequence[int]], shape: Shape, worker: int) -> np.ndarray:
+    def run(
+        self,
+        batch: Sequence[Sequence[int]],
+        shape: Shape,
+        worker: int,
+        pool_from: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Replay `shape`'s graph on `batch` (its first len(batch) rows are real inputs, each
-        at most shape.seq_len tokens): (len(batch), hidden) float32 on the host."""
+        at most shape.seq_len tokens; `pool_from`: tokens each leaves out of pooling):
+        (len(batch), size) float32 on the host."""
         graph = self._graphs[(worker, shape)]
         count = len(batch)
         host_ids, host_mask = graph.host_ids, graph.host_mask
@@ -181,9 +198,15 @@ class GraphSet:
             host_mask[row, : len(tokens)] = 1
         host_ids[count:, 0] = self.filler_token_id
         host_mask[count:, 0] = 1
+        host_pool = graph.host_pool_mask
+        host_pool[:] = host_mask
+        if pool_from is not None:
+            for row, skip in enumerate(pool_from):
+                host_pool[row, :skip] = 0
         with torch.inference_mode():
             graph.ids.copy_(torch.from_numpy(host_ids))
             graph.mask.copy_(torch.from_numpy(host_mask))
+            graph.pool_mask.copy_(torch.from_numpy(host_pool))
             graph.replay()
             # To the host at once: the next replay of any graph of this pool may reuse it.
             return graph.output[:count].cpu().numpy()
@@ -203,25 +226,27 @@ def _reserved(device: torch.device) -> int:
     return int(torch.cuda.memory_reserved(device))
 
 
-def graph_forward(loaded: Any, pooling: str) -> StaticForward:
+def graph_forward(loaded: Any, head: Any) -> StaticForward:
     """The static forward a graph captures for this model: warmgate's own for BERT-family
-    models, else the transformers model's forward pass followed by pooling."""
-    from .packed import pool_padded
-
+    models, else the transformers model's forward pass; then `head` (head.py)."""
     if loaded.packed is not None:
         packed = loaded.packed
 
-        def packed_forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return packed.dense(ids, mask, pooling)
+        def packed_forward(
+            ids: torch.Tensor, mask: torch.Tensor, pool_mask: torch.Tensor
+        ) -> torch.Tensor:
+            return head.padded(packed.dense(ids, mask), pool_mask)
 
         return packed_forward
     model = loaded.model
     uses_token_types = loaded.uses_token_type_ids
 
-    def model_forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def model_forward(
+        ids: torch.Tensor, mask: torch.Tensor, pool_mask: torch.Tensor
+    ) -> torch.Tensor:
         inputs = {"input_ids": ids, "attention_mask": mask}
         if uses_token_types:
             inputs["token_type_ids"] = torch.zeros_like(ids)
-        return pool_padded(model(**inputs)[0], mask, pooling)
+        return head.padded(model(**inputs)[0], pool_mask)
 
     return model_forward

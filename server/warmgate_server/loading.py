@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import modelconfig
 from .config import ServerConfig
 from .cpus import plan_threads
 from .errors import ModelLoadError
@@ -22,16 +23,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _model_max_length(path: Path, positions: Any, tokenizer: Any) -> tuple[int, str]:
+def _model_max_length(
+    folder: modelconfig.FolderSettings, positions: Any, tokenizer: Any
+) -> tuple[int, str]:
     """The model's own input limit and where it comes from: sentence-transformers'
-    max_seq_length when present, else the smaller of its positions and its tokenizer's limit."""
-    st_config = path / "sentence_bert_config.json"
-    if st_config.is_file():
-        value = json.loads(st_config.read_text()).get("max_seq_length")
-        if isinstance(value, int) and value > 0:
-            return value, "sentence_bert_config.json"
+    max_seq_length when present, else the smaller of its positions (less the RoBERTa family's
+    offset) and its tokenizer's limit."""
+    value = folder.max_seq_length
+    if isinstance(value, int) and value > 0:
+        return value, "sentence_bert_config.json"
     limits = {
-        "config.json's max_position_embeddings": positions,
+        "config.json's max_position_embeddings (less the position offset)": positions,
         "the tokenizer's model_max_length": tokenizer.model_max_length,
     }
     usable = {
@@ -66,7 +68,18 @@ class LoadedModel:
     packed: Any = None
     """A PackedBert running this model padding-free, or None (the model's own forward)."""
     max_positions: int | None = None
-    """The model's position embeddings: the hard limit on tokens per input."""
+    """Tokens per input the model's position embeddings hold: the hard limit."""
+    settings: modelconfig.ModelSettings | None = None
+    """The module chain and prompts as the load's flags resolved them."""
+    head: Any = None
+    """The Head (head.py) for `settings`: pooling, Dense and Normalize modules."""
+    why_padded: str = ""
+    """Why the padding-free pass does not run this model ("" when it does)."""
+
+    @property
+    def embedding_size(self) -> int:
+        """The served vectors' dimension (after pooling and any Dense modules)."""
+        return int(self.head.output_size) if self.head is not None else self.hidden_size
 
     @property
     def device_name(self) -> str:
@@ -116,6 +129,14 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
     torch.set_num_threads(threads.threads)  # the intra-op pool size every model thread uses
     dtype = _pick_dtype(config.dtype, device)
     started = time.perf_counter()
+    try:
+        folder = modelconfig.read_folder(path, config.trust_remote_code)
+        settings = modelconfig.resolve(config, path, folder)
+    except modelconfig.ModelConfigError as error:
+        raise ModelLoadError(str(error)) from None
+    custom = _custom_code(path)
+    if custom and not config.trust_remote_code:
+        _refuse_custom_code(config, path, custom)
     tokenizer = _load_tokenizer(config, path)
     packed, why_not = _load_packed(config, path, device, dtype)
     model = None
@@ -125,11 +146,17 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
         if config.packing == "auto":
             log.info("padded forward pass: %s", why_not)
         model = _load_transformers_model(config, path, device, dtype)
-        positions = getattr(model.config, "max_position_embeddings", None)
+        positions = _usable_positions(model)
         hidden_size = int(model.config.hidden_size)
     else:
         positions, hidden_size = packed.max_positions, packed.hidden
-    max_length, max_length_source = _model_max_length(path, positions, tokenizer)
+    from .head import Head
+
+    try:
+        head = Head(settings.pooling_modes, settings.steps, hidden_size, device)
+    except modelconfig.ModelConfigError as error:
+        raise ModelLoadError(str(error)) from None
+    max_length, max_length_source = _model_max_length(folder, positions, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else pad_id
     loaded = LoadedModel(
@@ -147,6 +174,9 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
         uses_token_type_ids="token_type_ids" in tokenizer.model_input_names,
         packed=packed,
         max_positions=positions if isinstance(positions, int) else None,
+        settings=settings,
+        head=head,
+        why_padded=why_not,
     )
     log.info(
         "loaded %s on %s as %s in %.1fs (%d model workers x %d torch threads, %s)",
@@ -174,7 +204,12 @@ def _load_tokenizer(config: ServerConfig, path: Path) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True)
+        return AutoTokenizer.from_pretrained(
+            str(path),
+            local_files_only=True,
+            use_fast=True,
+            trust_remote_code=config.trust_remote_code,
+        )
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"--model {config.model}: cannot load its tokenizer from {path}: {exc}"
@@ -187,10 +222,14 @@ def _load_packed(
     """(the padding-free forward pass, "") or (None, why not)."""
     if config.packing == "off":
         return None, "--packing off"
-    from .packed import PackedBert
+    from .packed import CheckpointMismatch, PackedBert
 
     try:
         return PackedBert.from_folder(path, dtype, device), ""
+    except CheckpointMismatch as exc:
+        raise ModelLoadError(
+            f"--model {config.model}: {exc}: it would serve random layers"
+        ) from None
     except ValueError as exc:
         return None, str(exc).removeprefix("cannot run this model packed: ")
 
@@ -198,17 +237,161 @@ def _load_packed(
 def _load_transformers_model(
     config: ServerConfig, path: Path, device: torch.device, dtype: torch.dtype
 ) -> Any:
+    """transformers' AutoModel, loaded strictly: a weight missing from the checkpoint (it
+    would be random) or a weight of the model's own layers left unused (the checkpoint is of
+    another architecture) fails the load with the keys' names. A task head the base model
+    has no place for (an MLM or LM head of a *For* checkpoint) is left out, as
+    sentence-transformers leaves it, and logged."""
     from transformers import AutoModel
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
+    options = {
+        "local_files_only": True,
+        "output_loading_info": True,
+        "trust_remote_code": config.trust_remote_code,
+    }
     try:
         try:
-            model = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=dtype)
+            model, info = AutoModel.from_pretrained(str(path), dtype=dtype, **options)
         except TypeError:  # transformers 4.x names it torch_dtype
-            model = AutoModel.from_pretrained(str(path), local_files_only=True, torch_dtype=dtype)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"--model {config.model}: cannot load it from {path}: {exc}") from exc
+            model, info = AutoModel.from_pretrained(str(path), torch_dtype=dtype, **options)
+    except (OSError, ValueError, ImportError) as exc:
+        raise ModelLoadError(f"--model {config.model}: cannot load it from {path}: {exc}") from None
+    problems = _loading_problems(model, info, checkpoint_keys(path))
+    if problems:
+        raise ModelLoadError(
+            f"--model {config.model}: the weights do not fit {type(model).__name__}: "
+            f"{problems}; it would serve random layers"
+        )
     model.to(device)
     model.eval()
     return model
+
+
+# Weights of an architecture that no embedding reads: a missing pooler is never used.
+_UNREAD_MISSING = ("pooler.",)
+
+
+def _loading_problems(model: Any, info: dict[str, Any], keys: set[str]) -> str:
+    """What is wrong with a load (transformers' loading info), or ""."""
+    missing = sorted(k for k in info.get("missing_keys") or () if not k.startswith(_UNREAD_MISSING))
+    mismatched = sorted(str(item[0]) for item in info.get("mismatched_keys") or ())
+    prefix = f"{getattr(model, 'base_model_prefix', '')}."
+    headed = prefix != "." and any(key.startswith(prefix) for key in keys)
+    unused, heads = [], []
+    for key in sorted(info.get("unexpected_keys") or ()):
+        # In a checkpoint of a model with a task head, the base model's weights carry its
+        # prefix (bert., model.) and the head's do not.
+        (heads if headed and not key.startswith(prefix) else unused).append(key)
+    if heads:
+        log.info("left out the checkpoint's task head: %s", _names(heads))
+    parts = []
+    if missing:
+        parts.append(f"missing {_names(missing)}")
+    if unused:
+        parts.append(f"unused {_names(unused)}")
+    if mismatched:
+        parts.append(f"of another shape {_names(mismatched)}")
+    return "; ".join(parts)
+
+
+def _names(keys: list[str], shown: int = 8) -> str:
+    listed = ", ".join(keys[:shown])
+    return listed + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
+
+
+def checkpoint_keys(path: Path) -> set[str]:
+    """The weight names a model folder's checkpoint holds (safetensors, sharded or not, or
+    pytorch_model.bin)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return set(json.loads(index.read_text()).get("weight_map") or {})
+    single = path / "model.safetensors"
+    if single.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(single), framework="pt") as handle:
+            return set(handle.keys())
+    legacy = path / "pytorch_model.bin"
+    if legacy.is_file():
+        import torch
+
+        return set(torch.load(legacy, map_location="meta", weights_only=True))
+    return set()
+
+
+def _usable_positions(model: Any) -> int | None:
+    """Tokens per input a transformers model's position embeddings hold: its
+    max_position_embeddings, less the offset of position ids that start at padding_idx + 1
+    (RoBERTa, XLM-R, MPNet: 514 positions hold 512 tokens), found as sentence-transformers
+    finds it."""
+    import torch
+
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or positions <= 0:
+        return None
+    for module in model.modules():
+        padding_idx = getattr(module, "padding_idx", None)
+        if isinstance(padding_idx, int) and isinstance(
+            getattr(module, "position_embeddings", None), torch.nn.Embedding
+        ):
+            return positions - (padding_idx + 1)
+    return positions
+
+
+def _custom_code(path: Path) -> list[str]:
+    """Where the folder points at code of its own: auto_map entries of config.json and
+    tokenizer_config.json."""
+    found = []
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            data = json.loads((path / name).read_text())
+        except (OSError, ValueError):
+            continue
+        auto_map = data.get("auto_map") if isinstance(data, dict) else None
+        if auto_map:
+            entries = auto_map.items() if isinstance(auto_map, dict) else [("", auto_map)]
+            found += [
+                f"{name} auto_map {key}: {value}".replace(" : ", " ") for key, value in entries
+            ]
+    return found
+
+
+def _refuse_custom_code(config: ServerConfig, path: Path, custom: list[str]) -> None:
+    """Refuse a folder that points at custom code, unless a class transformers ships loads
+    its checkpoint exactly (then the built-in class serves it, and that is logged)."""
+    tokenizer_code = [item for item in custom if item.startswith("tokenizer_config.json")]
+    reason = "; ".join(custom)
+    if not tokenizer_code:
+        try:
+            _load_builtin_exactly(path)
+        except Exception as exc:  # the built-in class cannot load it: the code is needed
+            reason += f" (transformers' own class for it: {exc})"
+        else:
+            log.warning(
+                "%s names custom code (%s), but transformers' own class loads its checkpoint "
+                "exactly: serving it with that class",
+                path,
+                reason,
+            )
+            return
+    raise ModelLoadError(
+        f"--model {config.model}: the model's folder points at custom code ({reason}); it "
+        "runs only when the EmbeddingService sets spec.model.trustRemoteCode: true "
+        "(--trust-remote-code), which runs the model's own Python in the pod"
+    )
+
+
+def _load_builtin_exactly(path: Path) -> None:
+    """Raise unless transformers' own class for config.json's model type loads every weight of
+    the checkpoint and leaves none of the model's random."""
+    from transformers import AutoConfig, AutoModel
+
+    model_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    model, info = AutoModel.from_pretrained(
+        str(path), config=model_config, local_files_only=True, output_loading_info=True
+    )
+    problems = _loading_problems(model, info, checkpoint_keys(path))
+    if problems:
+        raise ValueError(problems)

@@ -1,14 +1,20 @@
 """What the model folder says about how to embed with it, and what the flags override.
 
-A sentence-transformers folder describes its own pipeline: `modules.json` lists the modules
-(a Pooling module, and a Normalize module when the vectors are L2-normalised),
-`1_Pooling/config.json` (or wherever modules.json points) says which pooling, and
+A sentence-transformers folder describes its own pipeline, read here the way
+sentence-transformers reads it: `modules.json` lists the modules in order (a Transformer, a
+Pooling, any Dense layers, a Normalize), each module's folder its configuration;
 `config_sentence_transformers.json` holds the prompts, `sentence_bert_config.json` the input
-limit. A folder without them may still be a decoder (config.json), which embeds with its last
-token. The server follows the folder unless a flag says otherwise, reports what it chose and
-why, and refuses at start what it cannot compute (a max pooling, a Dense layer after pooling,
-pooling that leaves the prompt out), rather than serving vectors that differ from the model's
-own.
+limit and lowercasing. Both layouts found on the hub are read: the one sentence-transformers
+writes today (module types under `sentence_transformers.base` and `.sentence_transformer`,
+`{"pooling_mode": "cls"}`) and the older one (types under `sentence_transformers.models`,
+boolean `pooling_mode_*_tokens` flags). A folder without modules.json may still be a decoder
+(config.json), which embeds with its last token.
+
+Anything this server cannot reproduce exactly is refused with a message naming the module,
+the mode, the key or the field (ModelConfigError), never approximated: a module type other than
+these four (matched by its full path), a pooling mode that cannot be read, a Dense layer that
+reads or writes other features, custom code (an activation, a module, a model class) unless
+--trust-remote-code allows it.
 """
 
 from __future__ import annotations
@@ -21,21 +27,54 @@ from typing import Any
 
 from .config import POOLINGS, ServerConfig
 
-# sentence-transformers' Pooling config keys, and the pooling each one means here.
-_POOLING_MODES = {
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_lasttoken": "last",
+# sentence-transformers' pooling mode names, and the server's (--pooling) for each.
+ST_MODES = {
+    "cls": "cls",
+    "max": "max",
+    "mean": "mean",
+    "mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "weightedmean": "weightedmean",
+    "lasttoken": "last",
 }
-_UNSUPPORTED_MODES = (
-    "pooling_mode_max_tokens",
-    "pooling_mode_mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens",
-)
+# The older boolean flags, in the order sentence-transformers concatenates their vectors.
+LEGACY_FLAGS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
 
+# Module types by their full path (modules.json's `type`): the names sentence-transformers
+# writes today, their package-level aliases, and the older `sentence_transformers.models` ones.
+_MODULE_TYPES = {
+    "Transformer": (
+        "sentence_transformers.base.modules.transformer.Transformer",
+        "sentence_transformers.base.modules.Transformer",
+        "sentence_transformers.sentence_transformer.modules.Transformer",
+        "sentence_transformers.models.Transformer",
+    ),
+    "Pooling": (
+        "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
+        "sentence_transformers.sentence_transformer.modules.Pooling",
+        "sentence_transformers.models.Pooling",
+    ),
+    "Dense": (
+        "sentence_transformers.base.modules.dense.Dense",
+        "sentence_transformers.base.modules.Dense",
+        "sentence_transformers.sentence_transformer.modules.Dense",
+        "sentence_transformers.models.Dense",
+    ),
+    "Normalize": (
+        "sentence_transformers.base.modules.normalize.Normalize",
+        "sentence_transformers.base.modules.Normalize",
+        "sentence_transformers.sentence_transformer.modules.Normalize",
+        "sentence_transformers.models.Normalize",
+    ),
+}
+KIND_OF_TYPE = {path: kind for kind, paths in _MODULE_TYPES.items() for path in paths}
 
-# Module types (the last part of modules.json's `type`) whose output this server reproduces.
-_SERVED_MODULES = {"Transformer", "Pooling", "Normalize"}
 # config.json model types of decoder-only language models (embedding models built on them pool
 # with the last token: e5-mistral, gte-Qwen2, Qwen3-Embedding, SFR, NV-Embed's base...).
 _DECODER_TYPES = {
@@ -43,6 +82,13 @@ _DECODER_TYPES = {
     "gemma2", "gemma3", "gemma3_text", "phi", "phi3", "gpt2", "gpt_neox", "gptj", "falcon",
     "olmo", "olmo2", "stablelm", "starcoder2", "mpt", "bloom", "opt",
 }  # fmt: skip
+# sentence_bert_config.json keys that change nothing the server computes (the rest, such as
+# model_args or tokenizer_args, are refused: they change how the model or tokenizer loads).
+_TRANSFORMER_KEYS = {
+    "max_seq_length", "do_lower_case", "transformer_task", "modality_config",
+    "module_output_name", "backend",
+}  # fmt: skip
+_FORWARD_MODALITY = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
 
 
 class ModelConfigError(ValueError):
@@ -50,24 +96,55 @@ class ModelConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class DenseModule:
+    """A Dense module: `activation(x @ weight.T + bias)` (+ x, or x through `residual`)."""
+
+    path: str
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str
+    """A torch.nn.Module class by its import path (torch.nn.modules.activation.Tanh, ...)."""
+    residual: bool = False
+    weights: Path | None = None
+    """model.safetensors or pytorch_model.bin in the module's folder."""
+
+
+@dataclass(frozen=True)
+class NormalizeModule:
+    path: str
+
+
+Step = DenseModule | NormalizeModule
+
+
+@dataclass(frozen=True)
 class FolderSettings:
     """What a sentence-transformers folder says (None: it says nothing)."""
 
-    pooling: str | None = None
+    pooling: tuple[str, ...] | None = None
+    """Server pooling names, in the order their vectors are concatenated."""
     pooling_source: str = ""
     normalize: bool | None = None
     normalize_source: str = ""
+    steps: tuple[Step, ...] = ()
+    """Modules after Pooling, in order, but a final Normalize (that is `normalize`)."""
     prompts: Mapping[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     include_prompt: bool = True
     """Pooling's include_prompt: false means the model pools without its prompt's tokens."""
+    lowercase: bool = False
+    """sentence_bert_config.json's do_lower_case: texts are lowercased before tokenizing."""
+    max_seq_length: int | None = None
+    pooling_width: int | None = None
+    """The Pooling's token embedding dimension, as its config states it."""
 
 
 @dataclass(frozen=True)
 class ModelSettings:
     """How this server embeds: each value with where it came from."""
 
-    pooling: str
+    pooling_modes: tuple[str, ...]
     normalize: bool
     prompts: Mapping[str, str]
     default_prompt_name: str | None
@@ -76,6 +153,14 @@ class ModelSettings:
     """--default-prompt: a text of the flag's own, instead of a named prompt."""
     max_input_length: int | None = None
     """Tokens per input the server accepts (set by the engine, which knows the buckets)."""
+    include_prompt: bool = True
+    steps: tuple[Step, ...] = ()
+    lowercase: bool = False
+
+    @property
+    def pooling(self) -> str:
+        """The pooling as --pooling names it ("cls"; several modes joined: "cls+mean")."""
+        return "+".join(self.pooling_modes)
 
     @property
     def default_prompt(self) -> str:
@@ -92,12 +177,22 @@ class ModelSettings:
         return {
             "pooling": self.pooling,
             "normalize": self.normalize,
+            "modules": [_describe(step) for step in self.steps],
+            "include_prompt": self.include_prompt,
+            "lowercase": self.lowercase,
             "prompts": dict(self.prompts),
             "default_prompt_name": self.default_prompt_name,
             "default_prompt": self.default_prompt,
             "max_input_length": self.max_input_length,
             "chosen_by": dict(self.chosen_by),
         }
+
+
+def _describe(step: Step) -> str:
+    if isinstance(step, NormalizeModule):
+        return f"Normalize ({step.path})"
+    activation = step.activation.rsplit(".", 1)[-1]
+    return f"Dense {step.in_features}->{step.out_features} {activation} ({step.path})"
 
 
 def _read_json(path: Path) -> Any:
@@ -107,45 +202,212 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def read_folder(folder: Path, check_pooling: bool = True) -> FolderSettings:
-    """The folder's own settings; ModelConfigError for modules this server cannot reproduce,
-    and (`check_pooling`) for a pooling no server mode matches."""
-    modules = _read_json(folder / "modules.json")
-    if not isinstance(modules, list):
-        return FolderSettings()
-    types = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
-    others = sorted(name for name in types if name not in _SERVED_MODULES)
-    if others:
-        listed = ", ".join(f"{name} ({types[name].get('path') or '?'})" for name in others)
-        raise ModelConfigError(
-            f"modules.json lists {listed}: this server reproduces Transformer, Pooling and "
-            "Normalize modules only, and would serve vectors unlike the model's own"
-        )
-    pooling, pooling_source, include_prompt = None, "", True
-    if "Pooling" in types:
-        relative = f"{types['Pooling'].get('path') or '1_Pooling'}/config.json"
-        config = _read_json(folder / relative) or {}
-        include_prompt = config.get("include_prompt", True) is not False
-        chosen = [mode for key, mode in _POOLING_MODES.items() if config.get(key)]
-        unsupported = [key for key in _UNSUPPORTED_MODES if config.get(key)]
-        if check_pooling and (unsupported or len(chosen) > 1):
+def _required_json(path: Path, relative: str) -> dict[str, Any]:
+    """A module's config.json: ModelConfigError when it is missing or not a JSON object."""
+    try:
+        value = json.loads(path.read_text())
+    except OSError:
+        raise ModelConfigError(f"{relative} is missing: the module cannot be read") from None
+    except ValueError as exc:
+        raise ModelConfigError(f"{relative} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ModelConfigError(f"{relative} is not a JSON object")
+    return value
+
+
+def pooling_modes(config: Mapping[str, Any], relative: str) -> tuple[str, ...]:
+    """The server pooling names of a Pooling config in either layout, in concatenation order:
+    `pooling_mode` (a string or a list) wins, as in sentence-transformers; else the boolean
+    flags (none set: mean, sentence-transformers' default)."""
+    if "pooling_mode" in config:
+        raw = config["pooling_mode"]
+        modes = [raw] if isinstance(raw, str) else raw
+        if not isinstance(modes, list | tuple) or not modes:
             raise ModelConfigError(
-                f"{relative} asks for {', '.join(unsupported + chosen)}: this server pools with "
-                "one of mean, cls or last token; pass --pooling to choose one anyway"
+                f"{relative}: pooling_mode {raw!r} is neither a mode nor a list of modes"
             )
-        if len(chosen) == 1:
-            pooling, pooling_source = chosen[0], relative
-    normalize = "Normalize" in types
+        unknown = [mode for mode in modes if mode not in ST_MODES]
+        if unknown:
+            raise ModelConfigError(
+                f"{relative}: pooling_mode {', '.join(map(repr, unknown))} is not a "
+                f"sentence-transformers pooling ({', '.join(ST_MODES)})"
+            )
+        return tuple(ST_MODES[mode] for mode in modes)
+    not_flags = [
+        key for key in config if key.startswith("pooling_mode") and key not in LEGACY_FLAGS
+    ]
+    if not_flags:
+        raise ModelConfigError(
+            f"{relative}: {', '.join(not_flags)} is not a pooling sentence-transformers knows"
+        )
+    for key in LEGACY_FLAGS:
+        if key in config and not isinstance(config[key], bool):
+            raise ModelConfigError(f"{relative}: {key} is {config[key]!r}, not true or false")
+    if not any(key in config for key in LEGACY_FLAGS):
+        raise ModelConfigError(
+            f"{relative} names no pooling mode (neither pooling_mode nor pooling_mode_*_tokens)"
+        )
+    chosen = tuple(ST_MODES[mode] for key, mode in LEGACY_FLAGS.items() if config.get(key))
+    return chosen or ("mean",)  # every flag false: sentence-transformers pools with the mean
+
+
+def _module_list(folder: Path) -> list[dict[str, Any]] | None:
+    path = folder / "modules.json"
+    if not path.is_file():
+        return None
+    modules = _read_json(path)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ModelConfigError("modules.json is not a list of modules")
+    return modules
+
+
+def _transformer_settings(folder: Path, path: str) -> tuple[bool, int | None]:
+    """(lowercase, max_seq_length) from the Transformer module's sentence_bert_config.json."""
+    if path not in ("", "."):
+        raise ModelConfigError(
+            f"modules.json puts the Transformer in {path!r}: this server loads the model from "
+            "the folder's root only"
+        )
+    config = _read_json(folder / "sentence_bert_config.json")
+    if config is None:
+        return False, None
+    if not isinstance(config, dict):
+        raise ModelConfigError("sentence_bert_config.json is not a JSON object")
+    changing = sorted(
+        key for key, value in config.items() if key not in _TRANSFORMER_KEYS and value
+    )
+    if changing:
+        raise ModelConfigError(
+            f"sentence_bert_config.json sets {', '.join(changing)}, which changes how the model "
+            "or its tokenizer loads: this server does not apply it"
+        )
+    modality = config.get("modality_config")
+    if modality not in (None, _FORWARD_MODALITY):
+        raise ModelConfigError(
+            f"sentence_bert_config.json: modality_config {json.dumps(modality)} is not text "
+            "through the model's forward pass: this server embeds text only"
+        )
+    if config.get("module_output_name") not in (None, "token_embeddings"):
+        raise ModelConfigError(
+            f"sentence_bert_config.json: module_output_name {config['module_output_name']!r}"
+            " is not token_embeddings"
+        )
+    if config.get("transformer_task") not in (None, "feature-extraction"):
+        raise ModelConfigError(
+            f"sentence_bert_config.json: transformer_task {config['transformer_task']!r} is "
+            "not feature-extraction"
+        )
+    if config.get("backend") not in (None, "torch"):
+        raise ModelConfigError(f"sentence_bert_config.json: backend {config['backend']!r}")
+    length = config.get("max_seq_length")
+    return bool(config.get("do_lower_case")), length if isinstance(length, int) else None
+
+
+def _dense(folder: Path, path: str, trust_remote_code: bool) -> DenseModule:
+    relative = f"{path}/config.json"
+    config = _required_json(folder / path / "config.json", relative)
+    for key in ("module_input_name", "module_output_name"):
+        if config.get(key, "sentence_embedding") != "sentence_embedding":
+            raise ModelConfigError(
+                f"{relative}: {key} {config[key]!r}: this server runs Dense modules on the "
+                "pooled sentence embedding only"
+            )
+    try:
+        in_features, out_features = int(config["in_features"]), int(config["out_features"])
+    except (KeyError, TypeError, ValueError):
+        raise ModelConfigError(f"{relative} has no in_features and out_features") from None
+    activation = config.get("activation_function", "torch.nn.modules.activation.Tanh")
+    if not isinstance(activation, str):
+        raise ModelConfigError(f"{relative}: activation_function {activation!r} is not a path")
+    if not activation.startswith("torch.") and not trust_remote_code:
+        raise ModelConfigError(
+            f"{relative}: activation_function {activation!r} is custom code: set "
+            "spec.model.trustRemoteCode (--trust-remote-code) to run it"
+        )
+    weights = next(
+        (
+            folder / path / name
+            for name in ("model.safetensors", "pytorch_model.bin")
+            if (folder / path / name).is_file()
+        ),
+        None,
+    )
+    if weights is None:
+        raise ModelConfigError(f"{path}/ has no model.safetensors or pytorch_model.bin")
+    return DenseModule(
+        path=path,
+        in_features=in_features,
+        out_features=out_features,
+        bias=config.get("bias", True) is not False,
+        activation=activation,
+        residual=config.get("use_residual", False) is True,
+        weights=weights,
+    )
+
+
+def read_folder(folder: Path, trust_remote_code: bool = False) -> FolderSettings:
+    """The folder's own settings; ModelConfigError for whatever this server cannot reproduce."""
+    modules = _module_list(folder)
     st_config = _read_json(folder / "config_sentence_transformers.json") or {}
     prompts = st_config.get("prompts") if isinstance(st_config.get("prompts"), dict) else {}
+    common = {
+        "prompts": {str(k): str(v) for k, v in prompts.items()},
+        "default_prompt_name": st_config.get("default_prompt_name") or None,
+    }
+    if modules is None:
+        return FolderSettings(**common)
+    kinds = []
+    for module in modules:
+        kind = KIND_OF_TYPE.get(str(module.get("type", "")))
+        if kind is None:
+            raise ModelConfigError(
+                f"modules.json lists {module.get('type')!r} ({module.get('path') or 'the root'})"
+                ": this server reproduces sentence-transformers' Transformer, Pooling, Dense and "
+                "Normalize modules only, and would serve vectors unlike the model's own"
+            )
+        kinds.append(kind)
+    if kinds[:1] != ["Transformer"] or kinds.count("Transformer") != 1:
+        raise ModelConfigError(
+            f"modules.json lists {', '.join(kinds)}: this server needs one Transformer, first"
+        )
+    lowercase, max_seq_length = _transformer_settings(folder, str(modules[0].get("path") or ""))
+    rest = list(zip(kinds[1:], modules[1:], strict=True))
+    if not rest or rest[0][0] != "Pooling":
+        raise ModelConfigError(
+            "modules.json has no Pooling after the Transformer: this server embeds with a "
+            "pooled sentence vector only (token vectors are /embed_all's)"
+        )
+    pooling_path = str(rest[0][1].get("path") or "1_Pooling")
+    relative = f"{pooling_path}/config.json"
+    pooling_config = _required_json(folder / relative, relative)
+    modes = pooling_modes(pooling_config, relative)
+    include_prompt = pooling_config.get("include_prompt", True) is not False
+    width = pooling_config.get(
+        "embedding_dimension", pooling_config.get("word_embedding_dimension")
+    )
+    steps: list[Step] = []
+    for kind, module in rest[1:]:
+        path = str(module.get("path") or "")
+        if kind == "Pooling" or kind == "Transformer":
+            raise ModelConfigError(f"modules.json lists a second {kind} ({path})")
+        if kind == "Dense":
+            steps.append(_dense(folder, path, trust_remote_code))
+        else:
+            steps.append(NormalizeModule(path))
+    normalize = bool(steps) and isinstance(steps[-1], NormalizeModule)
+    if normalize:
+        steps.pop()
     return FolderSettings(
-        pooling=pooling,
-        pooling_source=pooling_source,
+        pooling=modes,
+        pooling_source=relative,
         normalize=normalize,
         normalize_source="modules.json",
-        prompts={str(k): str(v) for k, v in prompts.items()},
-        default_prompt_name=st_config.get("default_prompt_name") or None,
+        steps=tuple(steps),
         include_prompt=include_prompt,
+        lowercase=lowercase,
+        max_seq_length=max_seq_length,
+        pooling_width=width if isinstance(width, int) else None,
+        **common,
     )
 
 
@@ -166,25 +428,30 @@ def decoder_name(folder: Path) -> str | None:
     return architectures[0] if architectures else model_type or "is_decoder"
 
 
-def resolve(config: ServerConfig, folder: Path) -> ModelSettings:
-    """The flags where given, else the folder's settings, else the defaults (mean pooling,
-    normalised vectors). ModelConfigError when the folder's pooling is unsupported and no
-    --pooling overrides it."""
+def resolve(
+    config: ServerConfig, folder: Path, found: FolderSettings | None = None
+) -> ModelSettings:
+    """The flags where given, else the folder's settings, else the defaults (mean pooling, or
+    the last token for a decoder; normalised vectors). ModelConfigError when the two cannot
+    agree (a --pooling whose width no Dense module takes, a prompt name the model lacks)."""
+    if found is None:
+        found = read_folder(folder, config.trust_remote_code)
     chosen_by: dict[str, str] = {}
     if config.pooling is not None:
-        pooling, chosen_by["pooling"] = config.pooling, "--pooling"
-        found = read_folder(folder, check_pooling=False)
+        modes, chosen_by["pooling"] = (config.pooling,), "--pooling"
+        if found.pooling is not None and len(found.pooling) != 1 and found.steps:
+            raise ModelConfigError(
+                f"--pooling {config.pooling}: the model's Dense modules take "
+                f"{'+'.join(found.pooling)} pooled vectors; drop --pooling"
+            )
+    elif found.pooling is not None:
+        modes, chosen_by["pooling"] = found.pooling, found.pooling_source
+    elif (decoder := decoder_name(folder)) is not None:
+        # Right-padded inputs: the last real token has seen the whole input.
+        modes = ("last",)
+        chosen_by["pooling"] = f"config.json: a decoder ({decoder}) embeds with its last token"
     else:
-        found = read_folder(folder)
-        decoder = decoder_name(folder)
-        if found.pooling is not None:
-            pooling, chosen_by["pooling"] = found.pooling, found.pooling_source
-        elif decoder is not None:
-            # Right-padded inputs: the last real token has seen the whole input.
-            pooling = "last"
-            chosen_by["pooling"] = f"config.json: a decoder ({decoder}) embeds with its last token"
-        else:
-            pooling, chosen_by["pooling"] = "mean", "default (the folder names no pooling)"
+        modes, chosen_by["pooling"] = ("mean",), "default (the folder names no pooling)"
     if config.normalize is not None:
         normalize, chosen_by["normalize"] = config.normalize, "--normalize"
     elif found.normalize is not None:
@@ -212,17 +479,15 @@ def resolve(config: ServerConfig, folder: Path) -> ModelSettings:
             )
         default_name = config.default_prompt_name
         chosen_by["prompt"] = "--default-prompt-name"
-    if not found.include_prompt and (found.prompts or prompt_text):
-        raise ModelConfigError(
-            "the Pooling config says include_prompt: false (pool without the prompt's tokens), "
-            "which this server does not do: its vectors would differ from the model's own"
-        )
-    assert pooling in POOLINGS, pooling
+    assert all(mode in POOLINGS for mode in modes), modes
     return ModelSettings(
-        pooling=pooling,
+        pooling_modes=modes,
         normalize=normalize,
         prompts=found.prompts,
         default_prompt_name=default_name,
         chosen_by=chosen_by,
         prompt_text=prompt_text,
+        include_prompt=found.include_prompt,
+        steps=found.steps,
+        lowercase=found.lowercase,
     )

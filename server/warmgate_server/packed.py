@@ -1,21 +1,28 @@
-"""BERT-family encoders (all-MiniLM, bge, e5, ...) run by warmgate's own forward passes.
+"""BERT-family encoders (BERT: all-MiniLM, bge, e5; XLM-RoBERTa: bge-m3, multilingual-e5,
+KURE; RoBERTa and CamemBERT) run by warmgate's own forward passes.
 
 A padded batch of n inputs at bucket L costs n x L tokens in every linear layer, which is where
 almost all of the work is (about 21 of MiniLM's 22 MFLOP per token). The padding-free pass
-(`__call__`) runs the linear layers and layer norms on the real tokens only, packed into one
+(`encode`) runs the linear layers and layer norms on the real tokens only, packed into one
 (tokens, hidden) matrix. Attention on a CPU sees the padded (n, heads, L, head) layout, with
 padded keys masked; on a CUDA device in half precision it runs variable-length (flash)
 attention on the packed tokens, so nothing is padded at all. The query, key and value
 projections are fused into one matrix multiplication. Same weights, same maths as the Hugging
 Face forward pass (tests compare both with sentence-transformers), less work.
 
-The static pass (`dense`) takes a padded (rows, L) batch already on the device and pools it
-there, with no host synchronisation and no data-dependent shape: that is what a CUDA graph
-captures (graphs.py), one per warmed shape.
+The RoBERTa family differs from BERT in one place the forward pass sees: its position ids start
+at `pad_token_id + 1` (so 514 position embeddings hold 512 tokens). Its layers carry the same
+weights under the same names.
+
+The static pass (`dense`) takes a padded (rows, L) batch already on the device and returns its
+token states there, with no host synchronisation and no data-dependent shape: that is what a
+CUDA graph captures (graphs.py), one per warmed shape. Pooling and the modules after it are
+head.py's.
 
 The weights come straight from the model folder (`config.json` and `model.safetensors`), so a
 BERT-family model starts without importing transformers' modeling stack (several seconds of CPU
-per pod start), or from an already loaded Hugging Face model.
+per pod start), or from an already loaded Hugging Face model. Every weight of the checkpoint
+must be used and none may be missing (the pooler, which no embedding reads, aside).
 
 On a CPU the row count of a matrix multiplication picks no kernel, so the padding-free pass's
 varying token counts are warm once its (rows, L) shapes are; `make bench-server` probes token
@@ -45,10 +52,30 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+class CheckpointMismatch(ValueError):
+    """The weights are not this architecture's: some missing, or some left unused."""
+
+
+# config.json model types the padding-free pass runs, and where their position ids start.
+PACKED_TYPES = ("bert", "xlm-roberta", "roberta", "camembert")
+_ROBERTA_TYPES = ("xlm-roberta", "roberta", "camembert")
+# Weights of the architecture that no embedding reads (BertModel's pooler), and buffers.
+_NOT_READ = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")
+
+
+def position_offset(config: Mapping[str, Any]) -> int:
+    """The first position id: pad_token_id + 1 for the RoBERTa family, else 0."""
+    if config.get("model_type") in _ROBERTA_TYPES:
+        return int(config.get("pad_token_id", 1)) + 1
+    return 0
+
+
 def supports_config(config: Mapping[str, Any]) -> str | None:
     """None when a model with this config.json can run packed, else why not."""
-    if config.get("model_type") != "bert":
-        return f"model type {config.get('model_type')!r} is not bert"
+    if config.get("model_type") not in PACKED_TYPES:
+        return f"model type {config.get('model_type')!r} is not one of {', '.join(PACKED_TYPES)}"
+    if config.get("auto_map"):
+        return "config.json's auto_map names custom code"
     if config.get("position_embedding_type", "absolute") != "absolute":
         return f"position embeddings {config['position_embedding_type']!r} are not absolute"
     if config.get("is_decoder"):
@@ -90,10 +117,23 @@ class PackedBert:
         self.head_size = self.hidden // self.heads
         self.eps = float(config.get("layer_norm_eps", 1e-12))
         self.activation = _ACTIVATIONS[config.get("hidden_act", "gelu")]
-        self.max_positions = int(config.get("max_position_embeddings", 512))
+        self.offset = position_offset(config)
+        self.max_positions = int(config.get("max_position_embeddings", 512)) - self.offset
+        """Tokens per input the position embeddings hold."""
+        used = {"embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
+                "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm.weight",
+                "embeddings.LayerNorm.bias"}  # fmt: skip
+        layers = int(config["num_hidden_layers"])
+        used |= {key for key in state if key.startswith("encoder.layer.")
+                 and int(key.split(".")[2]) < layers}  # fmt: skip
+        unused = sorted(key for key in set(state) - used if not key.startswith(_NOT_READ))
+        if unused:
+            raise CheckpointMismatch(
+                f"the checkpoint has weights this architecture does not use: {_names(unused)}"
+            )
         try:
             self.word = state["embeddings.word_embeddings.weight"]
-            self.position = state["embeddings.position_embeddings.weight"]
+            self.position = state["embeddings.position_embeddings.weight"][self.offset :]
             self.token_type = state["embeddings.token_type_embeddings.weight"][0]
             self.embedding_norm = _norm(state, "embeddings.LayerNorm")
             self.layers = [
@@ -101,7 +141,14 @@ class PackedBert:
                 for index in range(int(config["num_hidden_layers"]))
             ]
         except KeyError as exc:
-            raise ValueError(f"cannot run this model packed: no weight {exc}") from None
+            raise CheckpointMismatch(f"the checkpoint lacks the weight {exc}") from None
+        per_layer = 16  # query, key, value, attention output, its norm, two dense, a norm
+        if len(used) != 5 + per_layer * layers:
+            found = len(used) - 5
+            raise CheckpointMismatch(
+                f"the checkpoint's {found} layer weights are not {layers} BERT layers' "
+                f"{per_layer * layers}"
+            )
 
     @classmethod
     def from_model(cls, model: Any) -> PackedBert:
@@ -132,11 +179,12 @@ class PackedBert:
         }
         return cls(state, config)
 
-    def __call__(
-        self, batch: Sequence[Sequence[int]], seq_len: int, rows: int, pooling: str
-    ) -> torch.Tensor:
-        """Pooled (len(batch), hidden) float32 for `batch` laid out as `rows` x `seq_len`
-        (`pooling` "none": (real tokens, hidden), the inputs' tokens one after another).
+    def encode(
+        self, batch: Sequence[Sequence[int]], seq_len: int, rows: int
+    ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """The last hidden states of `batch` laid out as `rows` x `seq_len`, packed: (real
+        tokens, hidden) in the weights' dtype, the inputs' tokens one after another, with each
+        input's start and length (head.py pools them).
 
         Rows past len(batch) are padding rows of one token each (the first token of the first
         input), so attention runs at exactly the planned (rows, seq_len) shape.
@@ -167,22 +215,13 @@ class PackedBert:
             x = self._layer(layer, x, attend)
 
         real = int(starts[count - 1] + lengths[count - 1])
-        x = x[:real]
-        if pooling == "none":  # every real token's state, input after input
-            return x.float().cpu()
-        if pooling == "cls":
-            return x[self._on_device(starts[:count])].float().cpu()
-        if pooling == "last":
-            return x[self._on_device(starts[:count] + lengths[:count] - 1)].float().cpu()
-        rows_of_real = self._on_device(row_of[:real])
-        sums = x.new_zeros(count, self.hidden, dtype=torch.float32)
-        sums.index_add_(0, rows_of_real, x.float())
-        return (sums / self._on_device(lengths[:count]).float()[:, None]).cpu()
+        return x[:real], starts[:count], lengths[:count]
 
-    def dense(self, ids: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
-        """Pooled (rows, hidden) float32 of a padded (rows, seq_len) batch: token ids and its
-        0/1 attention mask, both on the weights' device. Every row needs at least one real
-        token. Static shapes and no host synchronisation: a CUDA graph can capture it."""
+    def dense(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The (rows, seq_len, hidden) last hidden states of a padded (rows, seq_len) batch:
+        token ids and its 0/1 attention mask, both on the weights' device. Every row needs at
+        least one real token. Static shapes and no host synchronisation: a CUDA graph can
+        capture it."""
         rows, seq_len = ids.shape
         x = self.word[ids] + self.position[:seq_len] + self.token_type
         x = self._norm(x, self.embedding_norm).reshape(rows * seq_len, self.hidden)
@@ -190,7 +229,7 @@ class PackedBert:
         attend = self._padded_attend(None, keys, rows, seq_len)
         for layer in self.layers:
             x = self._layer(layer, x, attend)
-        return pool_padded(x.view(rows, seq_len, self.hidden), mask, pooling)
+        return x.view(rows, seq_len, self.hidden)
 
     def _on_device(self, array: np.ndarray) -> torch.Tensor:
         tensor = torch.from_numpy(array)
@@ -246,18 +285,6 @@ class PackedBert:
         return self._norm(output + attended, layer.output_norm)
 
 
-def pool_padded(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
-    """(rows, hidden) float32 from right-padded (rows, seq_len, hidden) states and their 0/1
-    mask: mean over real tokens, the first (cls) or the last real token. No host sync."""
-    if pooling == "cls":
-        return hidden[:, 0].float()
-    if pooling == "last":
-        last = mask.sum(dim=1) - 1
-        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last].float()
-    weights = mask.unsqueeze(-1).float()
-    return (hidden.float() * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-
-
 def _varlen_attention(device: torch.device, dtype: torch.dtype) -> Callable[..., Any] | None:
     """torch's variable-length flash attention where it runs: CUDA, half precision."""
     if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
@@ -270,11 +297,11 @@ def _varlen_attention(device: torch.device, dtype: torch.dtype) -> Callable[...,
 
 
 def _canonical(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """BertModel key names: no `bert.` prefix (BertFor* checkpoints), LayerNorm weight/bias
-    rather than the old gamma/beta."""
+    """BertModel key names: no `bert.` or `roberta.` prefix (BertFor*, RobertaFor*
+    checkpoints), LayerNorm weight/bias rather than the old gamma/beta."""
     out = {}
     for key, value in state.items():
-        key = key.removeprefix("bert.")
+        key = key.removeprefix("bert.").removeprefix("roberta.")
         if key.endswith(".gamma"):
             key = key.removesuffix(".gamma") + ".weight"
         elif key.endswith(".beta"):
@@ -301,3 +328,8 @@ def _layer(state: Mapping[str, torch.Tensor], prefix: str) -> _Layer:
         output_bias=state[prefix + "output.dense.bias"],
         output_norm=_norm(state, prefix + "output.LayerNorm"),
     )
+
+
+def _names(keys: Sequence[str], shown: int = 8) -> str:
+    listed = ", ".join(keys[:shown])
+    return listed + (f" and {len(keys) - shown} more" if len(keys) > shown else "")

@@ -24,6 +24,7 @@ from .tokenizer import BertTokenizer
 
 if TYPE_CHECKING:
     from .graphs import GraphSet
+    from .head import Head
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,23 @@ _WARMUP_TEXT = (
     "warmgate warms every shape of its plan before it reports ready, so that no user request "
     "ever pays for lazy initialisation, kernel selection or memory pool growth. "
 )
+
+
+class TokenIds(list):
+    """One input's token ids, and how many of its first tokens pooling leaves out: the prompt
+    of a model whose Pooling says include_prompt: false (0: pool them all)."""
+
+    __slots__ = ("pool_from",)
+
+    def __init__(self, ids: Sequence[int] = (), pool_from: int = 0) -> None:
+        super().__init__(ids)
+        self.pool_from = pool_from
+
+
+def pool_starts(batch: Sequence[Sequence[int]]) -> np.ndarray | None:
+    """Each input's pool_from (TokenIds), or None when every input pools all its tokens."""
+    starts = np.fromiter((getattr(ids, "pool_from", 0) for ids in batch), np.int64, len(batch))
+    return starts if starts.any() else None
 
 
 def _leading_ones(mask: Sequence[int]) -> int:
@@ -67,15 +85,30 @@ class ModelRunner:
     def __init__(
         self,
         loaded: LoadedModel,
-        pooling: str,
+        pooling: str | Head,
         max_input_length: int,
         packed: bool = True,
         prompt: str = "",
+        include_prompt: bool = True,
+        lowercase: bool = False,
     ) -> None:
+        from .head import Head
+
         self.loaded = loaded
-        self.pooling = pooling
+        self.head = (
+            pooling
+            if isinstance(pooling, Head)
+            else Head((pooling,), (), loaded.hidden_size, loaded.device)
+        )
+        """Pooling and the modules after it (head.py)."""
+        self.pooling = "+".join(self.head.modes)
         # The model's default prompt, put before every input as sentence-transformers does.
         self.prompt = prompt
+        self.include_prompt = include_prompt
+        """False: a prompt's tokens are left out of the pooling (TokenIds.pool_from)."""
+        self.lowercase = lowercase
+        """sentence_bert_config.json's do_lower_case: lowercase every text first."""
+        self._prompt_lengths: dict[str, int] = {}
         self.max_input_length = max_input_length
         self.packed = loaded.packed if packed else None
         """The padding-free forward pass in use, or None (the model's own, padded)."""
@@ -122,6 +155,9 @@ class ModelRunner:
         prompt = self.prompt if prompt is None else prompt
         if prompt:
             strings = [prompt + text for text in strings]
+        if self.lowercase:
+            strings = [text.lower() for text in strings]
+        pool_from = 0 if self.include_prompt or not prompt else self._prompt_length(prompt)
         encoded = (
             self._encode(strings, return_special_tokens_mask=True)
             if strings
@@ -130,8 +166,10 @@ class ModelRunner:
         pairs = iter(zip(encoded["input_ids"], encoded["special_tokens_mask"], strict=True))
         result = []
         for index, item in enumerate(texts):
+            skip = 0
             if isinstance(item, str):
                 ids, special = next(pairs)
+                skip = pool_from
             else:
                 ids, special = list(item), [0] * len(item)
             if len(ids) > limit:
@@ -143,8 +181,18 @@ class ModelRunner:
                 content = ids[head : len(ids) - tail]
                 content = content[len(content) - room :] if truncate_left else content[:room]
                 ids = ids[:head] + content + ids[len(ids) - tail :]
-            result.append(ids)
+            result.append(TokenIds(ids, skip) if skip else ids)
         return result
+
+    def _prompt_length(self, prompt: str) -> int:
+        """The prompt's tokens at the start of an input, as sentence-transformers counts them
+        for include_prompt: false: the prompt tokenized alone, less a trailing special token."""
+        if prompt not in self._prompt_lengths:
+            text = prompt.lower() if self.lowercase else prompt
+            encoded = self._encode([text], return_special_tokens_mask=True)
+            ids, special = encoded["input_ids"][0], encoded["special_tokens_mask"][0]
+            self._prompt_lengths[prompt] = len(ids) - (1 if ids and special[-1] else 0)
+        return self._prompt_lengths[prompt]
 
     @staticmethod
     def _cap_characters(
@@ -245,7 +293,7 @@ class ModelRunner:
             self.faults.before_forward()
         if by_graph:
             assert graphs is not None
-            vectors = graphs.run(batch, shape, worker)
+            vectors = graphs.run(batch, shape, worker, pool_starts(batch))
         else:
             vectors = self._forward(batch, shape, pool)
         self._executed.add(key)
@@ -264,14 +312,14 @@ class ModelRunner:
     def _forward(self, batch: Sequence[Sequence[int]], shape: Shape, pool: bool) -> np.ndarray:
         import torch
 
-        from .packed import pool_padded
-
         loaded = self.loaded
+        pool_from = pool_starts(batch) if pool else None
         if self.packed is not None:
-            pooling = self.pooling if pool else "none"
             with torch.inference_mode():
-                pooled = self.packed(batch, shape.seq_len, shape.batch_size, pooling)
-                return pooled.numpy()
+                states, starts, lengths = self.packed.encode(batch, shape.seq_len, shape.batch_size)
+                if not pool:  # every real token's state, input after input
+                    return states.float().cpu().numpy()
+                return self.head.packed(states, starts, lengths, pool_from).cpu().numpy()
         count = len(batch)
         ids = np.full(shape, loaded.pad_token_id, dtype=np.int64)
         mask = np.zeros(shape, dtype=np.int64)
@@ -294,7 +342,11 @@ class ModelRunner:
             if not pool:
                 states = [hidden[row, : len(tokens)] for row, tokens in enumerate(batch)]
                 return torch.cat(states).cpu().numpy()
+            pool_mask = inputs["attention_mask"][:count]
+            if pool_from is not None:
+                kept = torch.arange(shape.seq_len)[None, :] >= torch.from_numpy(pool_from)[:, None]
+                pool_mask = pool_mask * kept.to(device)
             # Inputs are right-padded: "last" is each row's last real token.
-            pooled = pool_padded(hidden, inputs["attention_mask"][:count], self.pooling)
+            pooled = self.head.padded(hidden, pool_mask)
             # .cpu() waits for the device, so the timing covers the whole forward pass.
             return pooled.cpu().numpy()

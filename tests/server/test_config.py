@@ -58,7 +58,7 @@ def test_env_names_are_upper_snake_case() -> None:
         (["--warmup-batch-sizes", "8", "--max-batch-tokens", "1024"], "add a smaller warmup"),
         (["--dtype", "float64"], "use one of auto"),
         (["--device", "tpu"], "use one of auto, cpu"),
-        (["--pooling", "max"], "mean, cls"),
+        (["--pooling", "median"], "mean, cls"),
         (["--max-batch-size", "many"], "is not valid"),
         (["--packing", "always"], "use one of auto, on, off"),
         (["--model-workers", "0"], "--model-workers must be at least 1"),

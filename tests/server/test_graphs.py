@@ -16,11 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
+from support.server import dense_pooled, pooled
 
 from warmgate_contract.report import WARMING
 from warmgate_contract.shapes import Shape
 from warmgate_server.config import ConfigError, parse_config
 from warmgate_server.graphs import GraphCaptureError, GraphSet, graph_forward, replay_eagerly
+from warmgate_server.head import Head
 from warmgate_server.lifecycle import Lifecycle
 from warmgate_server.loading import LoadedModel, load_model
 from warmgate_server.packed import PackedBert
@@ -65,7 +67,7 @@ def test_the_static_pass_a_graph_captures_equals_sentence_transformers(
     token_lists = tokenizer(TEXTS)["input_ids"]
     ids, mask = _padded(token_lists, 8, 64, loaded_minilm.pad_token_id, 101)
     with torch.inference_mode():
-        vectors = packed.dense(ids, mask, "mean")[: len(TEXTS)].numpy()
+        vectors = dense_pooled(packed, ids, mask, "mean")[: len(TEXTS)].numpy()
     reference = sentence_transformer.encode(TEXTS, convert_to_numpy=True)
     assert _cosine(vectors, reference).min() >= tolerance
 
@@ -77,14 +79,14 @@ def test_the_static_pass_pools_as_the_packed_pass(loaded_minilm, pooling: str) -
     token_lists = loaded_minilm.tokenizer(TEXTS)["input_ids"]
     ids, mask = _padded(token_lists, 4, 64, loaded_minilm.pad_token_id, 101)
     with torch.inference_mode():
-        dense = packed.dense(ids, mask, pooling).numpy()
-        packed_vectors = packed(token_lists, 64, 4, pooling).numpy()
+        dense = dense_pooled(packed, ids, mask, pooling).numpy()
+        packed_vectors = pooled(packed, token_lists, 64, 4, pooling).numpy()
     np.testing.assert_allclose(dense, packed_vectors, atol=2e-5, rtol=1e-4)
 
 
 def _graph_set(loaded: LoadedModel, pooling: str = "mean", capture=replay_eagerly) -> GraphSet:
     return GraphSet(
-        graph_forward(loaded, pooling),
+        graph_forward(loaded, Head((pooling,), (), loaded.hidden_size, loaded.device)),
         loaded.device,
         loaded.pad_token_id,
         loaded.cls_token_id,
@@ -164,10 +166,10 @@ def _engine(minilm_dir, loaded: LoadedModel, *args: str):
     return engine, lifecycle, [*model_threads, tokenizers]
 
 
-def _failing_capture(forward, ids, mask, pool):
+def _failing_capture(forward, ids, mask, pool_mask, pool):
     if ids.shape[1] == 32:
         raise RuntimeError("operation not permitted when stream is capturing")
-    return replay_eagerly(forward, ids, mask, pool)
+    return replay_eagerly(forward, ids, mask, pool_mask, pool)
 
 
 @pytest.mark.parametrize("mode", ["auto", "on"])

@@ -28,6 +28,8 @@ MODES = {
     "cls": "pooling_mode_cls_token",
     "last": "pooling_mode_lasttoken",
     "max": "pooling_mode_max_tokens",
+    "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+    "weightedmean": "pooling_mode_weightedmean_tokens",
 }
 
 
@@ -92,7 +94,7 @@ def reference(folder: Path, dtype: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("mode", ["mean", "cls", "last"])
+@pytest.mark.parametrize("mode", list(MODES))
 async def test_the_folders_pooling_gives_sentence_transformers_vectors(
     aiohttp_client, model_copy, mode: str, dtype: str
 ) -> None:
@@ -116,16 +118,29 @@ async def test_the_folders_pooling_gives_sentence_transformers_vectors(
     assert info["pooling"] == mode and info["model_settings"] == settings
 
 
-async def test_a_pooling_the_server_cannot_compute_is_refused_unless_a_flag_chooses(
+async def test_a_pooling_mode_that_cannot_be_read_is_refused_even_with_a_flag(
     aiohttp_client, model_copy
 ) -> None:
-    folder = model_copy("max")
+    """A mode sentence-transformers does not have, or a Pooling config that names none, is
+    refused with the file and the mode; --pooling does not paper over a folder it cannot
+    read."""
+    folder = model_copy("mean")
+    config_file = folder / "1_Pooling" / "config.json"
+    for config, expected in (
+        ({"embedding_dimension": 384, "pooling_mode": "median"}, "pooling_mode 'median'"),
+        ({"embedding_dimension": 384, "pooling_mode": ["cls", "p90"]}, "pooling_mode 'p90'"),
+        ({"word_embedding_dimension": 384}, "names no pooling mode"),
+        ({"pooling_mode_attention_tokens": True}, "pooling_mode_attention_tokens"),
+    ):
+        config_file.write_text(json.dumps(config))
+        for args in ((), ("--pooling", "mean")):
+            _client, report = await serve(aiohttp_client, folder, *args)
+            assert report["phase"] == "failed", (config, args)
+            assert "1_Pooling/config.json" in report["error"] and expected in report["error"]
+    config_file.unlink()
     _client, report = await serve(aiohttp_client, folder)
     assert report["phase"] == "failed"
-    assert "pooling_mode_max_tokens" in report["error"] and "--pooling" in report["error"]
-    _client, report = await serve(aiohttp_client, folder, "--pooling", "mean")
-    assert report["phase"] == "ready"
-    assert report["model_settings"]["chosen_by"]["pooling"] == "--pooling"
+    assert "1_Pooling/config.json is missing" in report["error"]
 
 
 async def test_the_default_prompt_is_put_before_every_input(aiohttp_client, model_copy) -> None:
@@ -237,21 +252,24 @@ def test_a_decoder_embeds_with_its_last_token_unless_its_folder_says_otherwise(
 
 
 def test_modules_the_server_cannot_reproduce_are_refused(model_copy) -> None:
-    """A Dense layer after pooling (or any module but Transformer, Pooling, Normalize) would be
-    skipped: refused at start, whatever --pooling says; so is pooling without the prompt."""
+    """Module types are matched by their full path: a custom module whose class is also
+    called Transformer, or any module but Transformer, Pooling, Dense and Normalize, is
+    refused with its type, whatever --pooling says."""
     from warmgate_server.modelconfig import ModelConfigError
 
     folder = model_copy("mean")
     modules = json.loads((folder / "modules.json").read_text())
-    dense = {"idx": 3, "name": "3", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
-    (folder / "modules.json").write_text(json.dumps([*modules, dense]))
-    for args in ((), ("--pooling", "cls")):
-        with pytest.raises(ModelConfigError, match=r"modules.json lists Dense \(2_Dense\)"):
-            _resolve(folder, *args)
-    (folder / "modules.json").write_text(json.dumps(modules))
-    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
-    pooling["include_prompt"] = False
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
-    assert _resolve(folder).pooling == "mean"  # no prompts: nothing to leave out
-    with pytest.raises(ModelConfigError, match="include_prompt: false"):
-        _resolve(folder, "--default-prompt", "query: ")
+    for changed, expected in (
+        ({**modules[0], "type": "custom_st.Transformer"}, "'custom_st.Transformer'"),
+        ({**modules[1], "type": "sentence_transformers.models.WeightedLayerPooling"}, "Weighted"),
+    ):
+        index = 0 if changed["type"].endswith("Transformer") else 1
+        listed = [changed if i == index else m for i, m in enumerate(modules)]
+        (folder / "modules.json").write_text(json.dumps(listed))
+        for args in ((), ("--pooling", "cls")):
+            with pytest.raises(ModelConfigError, match=expected):
+                _resolve(folder, *args)
+    lstm = {"idx": 3, "name": "3", "path": "3_LSTM", "type": "sentence_transformers.models.LSTM"}
+    (folder / "modules.json").write_text(json.dumps([*modules, lstm]))
+    with pytest.raises(ModelConfigError, match=r"'sentence_transformers.models.LSTM' \(3_LSTM\)"):
+        _resolve(folder)

@@ -13,6 +13,7 @@ import itertools
 import numpy as np
 import torch
 import torch.nn.functional as F
+from support.server import pooled
 
 from warmgate_server.packed import PackedBert
 
@@ -45,10 +46,10 @@ def test_variable_length_attention_gives_the_padded_passs_vectors(
     token_lists = loaded_minilm.tokenizer(TEXTS)["input_ids"]
     with torch.inference_mode():
         for pooling in ("mean", "cls", "last", "none"):
-            expected = padded_keys(token_lists, 32, 4, pooling)  # 4 rows: one padding row
-            got = varlen(token_lists, 32, 4, pooling)
+            expected = pooled(padded_keys, token_lists, 32, 4, pooling)  # 4 rows: one padding row
+            got = pooled(varlen, token_lists, 32, 4, pooling)
             torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
-        vectors = varlen(token_lists, 32, 3, "mean").numpy()
+        vectors = pooled(varlen, token_lists, 32, 3, "mean").numpy()
     reference = sentence_transformer.encode(TEXTS, convert_to_numpy=True)
     cosine = (vectors * reference).sum(1) / (
         np.linalg.norm(vectors, axis=1) * np.linalg.norm(reference, axis=1)

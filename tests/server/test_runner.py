@@ -92,7 +92,9 @@ def test_packing_falls_back_for_other_architectures_and_on_refuses_them(
     vectors = runner.execute(runner.tokenize(["hello there", "hi"]), Shape(4, 16)).vectors
     assert vectors.shape == (2, 32) and np.isfinite(vectors).all()
 
-    with pytest.raises(ModelLoadError, match="--packing on: model type 'distilbert' is not bert"):
+    with pytest.raises(
+        ModelLoadError, match="--packing on: model type 'distilbert' is not one of bert"
+    ):
         load_model(
             parse_config(
                 ["--model", str(tmp_path), "--device", "cpu", "--packing", "on"], environ={}
@@ -110,6 +112,7 @@ def test_packed_pass_equals_the_transformers_forward_pass_for_other_bert_configs
     saved folder by the packed loader: same vectors as transformers' own padded pass, with
     inputs of several lengths and padding rows."""
     import torch
+    from support.server import pooled
     from transformers import BertConfig, BertModel
 
     from warmgate_server.packed import PackedBert
@@ -133,8 +136,8 @@ def test_packed_pass_equals_the_transformers_forward_pass_for_other_bert_configs
             expected = hidden[:, 0]
         else:
             expected = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
-        got = packed(batch, 8, 4, pooling)  # 4 rows: one padding row
-        from_model = PackedBert.from_model(model)(batch, 8, 4, pooling)
+        got = pooled(packed, batch, 8, 4, pooling)  # 4 rows: one padding row
+        from_model = pooled(PackedBert.from_model(model), batch, 8, 4, pooling)
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(from_model, expected, atol=2e-5, rtol=1e-4)
 

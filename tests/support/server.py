@@ -19,3 +19,22 @@ def make_config(model_dir: Path, *args: str) -> ServerConfig:
         ["--model", str(model_dir), "--served-model-name", "all-MiniLM-L6-v2", *SMALL_PLAN, *args],
         environ={},
     )
+
+
+def pooled(packed, batch, seq_len: int, rows: int, pooling: str):
+    """The padding-free pass's vectors of `batch`, pooled with `pooling` ("none": every real
+    token's state): what the runner computes with head.py."""
+    from warmgate_server.head import Head
+
+    states, starts, lengths = packed.encode(batch, seq_len, rows)
+    if pooling == "none":
+        return states.float()
+    return Head((pooling,), (), packed.hidden, packed.device).packed(states, starts, lengths)
+
+
+def dense_pooled(packed, ids, mask, pooling: str):
+    """The static (graph) pass's vectors of a padded batch, pooled with `pooling`."""
+    from warmgate_server.head import Head
+
+    head = Head((pooling,), (), packed.hidden, packed.device)
+    return head.padded(packed.dense(ids, mask), mask)

@@ -1,0 +1,549 @@
+"""A model zoo made offline: a tiny, randomly initialised model of each family people deploy,
+with a real tokenizer of its family's class trained on a small multilingual corpus, saved the
+way sentence-transformers saves it today and in the older hub layout.
+
+No hub is reachable here, so the families are made, not downloaded: the architecture, the
+tokenizer class and the sentence-transformers modules are the real ones (transformers' config
+and model classes, sentence-transformers' Pooling, Dense and Normalize); only the sizes are tiny
+and the weights random. The weights are drawn wider than transformers' default (std 0.02),
+which gives nearly the same CLS vector for every text: the tests check that their reference
+vectors differ, so a server that pooled wrongly could not pass by accident.
+
+`build(family, layout, root)` returns the folder; `FAMILIES` names them all.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CORPUS = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The girl is carrying a baby.",
+    "A man is riding a horse.",
+    "A woman is playing violin.",
+    "Two men pushed carts through the woods.",
+    "Kubernetes readiness gates keep a pod out of the endpoints until a condition turns true.",
+    "The first request of a cold process pays for lazy initialisation and kernel selection.",
+    "Embedding servers must warm every shape before they report ready.",
+    "샘플 문장입니다",
+    "한국어 문장을 임베딩합니다. 검색 품질이 중요합니다.",
+    "오늘 날씨가 정말 좋네요. 공원에 산책하러 갈까요?",
+    "서울은 대한민국의 수도입니다.",
+    "これは日本語の文です。",
+    "東京は日本の首都です。検索エンジンで使います。",
+    "今日はいい天気ですね。",
+    "Ceci est une phrase en français, avec des accents: élève, garçon.",
+    "Dies ist ein deutscher Satz über Straßenbahnen.",
+    "Это предложение на русском языке.",
+    "这是一个中文句子。",
+    "Emoji travel too: 🚀🔥😀 and 👍🏽.",
+    "Mixed: 한국어 and English and 日本語 in one line 🎉",
+    "Numbers 12345 and symbols #$%&*() and URLs https://example.com/path?q=1",
+]
+
+
+def corpus() -> list[str]:
+    """The training corpus: the sentences, lowercased copies and word-level fragments, so
+    every family's trainer sees enough text to make a few hundred tokens."""
+    lines = list(CORPUS)
+    lines += [line.lower() for line in CORPUS]
+    for line in CORPUS:
+        words = line.split()
+        lines += [" ".join(words[i : i + 3]) for i in range(0, len(words), 2)]
+    return lines * 4
+
+
+# Texts served and compared: English, Korean, Japanese, emoji, mixed, long (truncated).
+TEXTS = [
+    "hi",
+    "A man is eating food.",
+    "샘플 문장입니다",
+    "한국어 문장을 임베딩합니다.",
+    "これは日本語の文です。",
+    "🚀🔥😀",
+    "Mixed: 한국어 and English and 日本語 🎉",
+    "Kubernetes readiness gates keep a pod out of the endpoints. " * 12,
+]
+VOCAB_SIZE = 600
+
+
+def _wordpiece(specials: list[str], lowercase: bool = True) -> dict[str, int]:
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=VOCAB_SIZE, special_tokens=specials)
+    tokenizer.train_from_iterator(corpus(), trainer)
+    return tokenizer.get_vocab()
+
+
+def _unigram(specials: list[str]) -> list[tuple[str, float]]:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer = trainers.UnigramTrainer(
+        vocab_size=VOCAB_SIZE, special_tokens=specials, unk_token="<unk>"
+    )
+    tokenizer.train_from_iterator(corpus(), trainer)
+    return [
+        (piece, float(score)) for piece, score in json.loads(tokenizer.to_str())["model"]["vocab"]
+    ]
+
+
+def _byte_bpe(specials: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(corpus(), trainer)
+    model = json.loads(tokenizer.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return model["vocab"], merges
+
+
+def _metaspace_bpe(specials: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Gemma's kind: SentencePiece-style BPE on ▁-joined text with byte fallback."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(byte_fallback=True))
+    tokenizer.normalizer = normalizers.Replace(" ", "▁")
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
+    byte_tokens = [f"<0x{value:02X}>" for value in range(256)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE + 256, special_tokens=specials + byte_tokens
+    )
+    tokenizer.train_from_iterator(corpus(), trainer)
+    model = json.loads(tokenizer.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return model["vocab"], merges
+
+
+def _tokenizer_bert(cls_name: str = "BertTokenizer") -> Any:
+    import transformers
+
+    vocab = _wordpiece(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    return getattr(transformers, cls_name)(vocab=vocab)
+
+
+def _tokenizer_mpnet() -> Any:
+    from transformers import MPNetTokenizer
+
+    vocab = _wordpiece(["<s>", "<pad>", "</s>", "[UNK]", "<mask>"])
+    return MPNetTokenizer(vocab=vocab, unk_token="[UNK]")
+
+
+def _tokenizer_xlmr() -> Any:
+    from transformers import XLMRobertaTokenizer
+
+    return XLMRobertaTokenizer(vocab=_unigram(["<s>", "<pad>", "</s>", "<unk>", "<mask>"]))
+
+
+def _tokenizer_roberta() -> Any:
+    from transformers import RobertaTokenizer
+
+    vocab, merges = _byte_bpe(["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    return RobertaTokenizer(vocab=vocab, merges=merges)
+
+
+def _tokenizer_modernbert() -> Any:
+    """ModernBERT's: byte-level BPE in a PreTrainedTokenizerFast with [CLS] ... [SEP]."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab, merges = _byte_bpe(specials)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+def _tokenizer_qwen3() -> Any:
+    """Qwen3-Embedding's: byte-level BPE whose post-processor appends <|endoftext|>, the token
+    the model was trained to pool; left padding."""
+    from tokenizers import processors
+    from transformers import Qwen2Tokenizer
+
+    vocab, merges = _byte_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges)
+    eos = vocab["<|endoftext|>"]
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A <|endoftext|>",
+        pair="$A <|endoftext|> $B:1 <|endoftext|>:1",
+        special_tokens=[("<|endoftext|>", eos)],
+    )
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def _tokenizer_gemma() -> Any:
+    """EmbeddingGemma's: BPE with byte fallback, <bos> ... <eos>."""
+    from tokenizers import processors
+    from transformers import GemmaTokenizer
+
+    vocab, merges = _metaspace_bpe(["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"])
+    tokenizer = GemmaTokenizer(vocab=vocab, merges=merges)
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<bos> $A <eos>",
+        pair="<bos> $A <eos> $B <eos>",
+        special_tokens=[("<bos>", vocab["<bos>"]), ("<eos>", vocab["<eos>"])],
+    )
+    return tokenizer
+
+
+_SMALL = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+}
+
+
+def _config(cls_name: str, tokenizer: Any, **extra: Any) -> Any:
+    import transformers
+
+    values = {**_SMALL, "vocab_size": len(tokenizer), "initializer_range": 0.5, **extra}
+    if tokenizer.pad_token_id is not None:
+        values.setdefault("pad_token_id", tokenizer.pad_token_id)
+    return getattr(transformers, cls_name)(**values)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family: its tokenizer, its config and model classes, its sentence-transformers
+    modules (pooling, Dense layers, Normalize) and prompts."""
+
+    name: str
+    tokenizer: Callable[[], Any]
+    config: Callable[[Any], Any]
+    pooling: str | tuple[str, ...] = "mean"
+    dense: tuple[tuple[int, str], ...] = ()
+    """(out_features, activation class path) per Dense module, in order."""
+    normalize: bool = True
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    include_prompt: bool = True
+    packed: bool = False
+    """Runs warmgate's padding-free pass (else transformers' own forward)."""
+    max_seq_length: int = 64
+    hub_models: tuple[str, ...] = ()
+    """Popular hub ids of this family (docs/models.md)."""
+
+
+def _bert(tokenizer: Any) -> Any:
+    return _config("BertConfig", tokenizer, max_position_embeddings=128)
+
+
+def _xlmr(tokenizer: Any) -> Any:
+    # 66 positions: 64 usable after the pad_token_id + 1 offset, as 514 are for 512.
+    return _config("XLMRobertaConfig", tokenizer, max_position_embeddings=66, type_vocab_size=1)
+
+
+def _roberta(tokenizer: Any) -> Any:
+    return _config("RobertaConfig", tokenizer, max_position_embeddings=130, type_vocab_size=1)
+
+
+def _distilbert(tokenizer: Any) -> Any:
+    import transformers
+
+    return transformers.DistilBertConfig(
+        vocab_size=len(tokenizer),
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        hidden_dim=128,
+        max_position_embeddings=128,
+        initializer_range=0.5,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _mpnet(tokenizer: Any) -> Any:
+    return _config("MPNetConfig", tokenizer, max_position_embeddings=130)
+
+
+def _modernbert(tokenizer: Any) -> Any:
+    return _config(
+        "ModernBertConfig",
+        tokenizer,
+        max_position_embeddings=128,
+        global_attn_every_n_layers=2,
+        local_attention=16,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        cls_token_id=tokenizer.cls_token_id,
+        sep_token_id=tokenizer.sep_token_id,
+    )
+
+
+def _qwen3(tokenizer: Any) -> Any:
+    return _config(
+        "Qwen3Config",
+        tokenizer,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+
+
+def _gemma3(tokenizer: Any) -> Any:
+    return _config(
+        "Gemma3TextConfig",
+        tokenizer,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        sliding_window=16,
+        use_bidirectional_attention=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+
+
+IDENTITY = "torch.nn.modules.linear.Identity"
+TANH = "torch.nn.modules.activation.Tanh"
+QWEN_PROMPT = "Instruct: Given a web search query, retrieve relevant passages\nQuery:"
+
+FAMILIES: dict[str, Family] = {
+    family.name: family
+    for family in (
+        Family(
+            "bert-mean",
+            _tokenizer_bert,
+            _bert,
+            packed=True,
+            hub_models=("sentence-transformers/all-MiniLM-L6-v2", "intfloat/multilingual-e5-small"),
+        ),
+        Family(
+            "bert-cls-prompt",
+            _tokenizer_bert,
+            _bert,
+            pooling="cls",
+            prompts={"query": "Represent this sentence for searching relevant passages: "},
+            default_prompt_name="query",
+            packed=True,
+            hub_models=("BAAI/bge-small-en-v1.5", "mixedbread-ai/mxbai-embed-large-v1"),
+        ),
+        Family(
+            "bert-no-prompt-pooling",
+            _tokenizer_bert,
+            _bert,
+            pooling="weightedmean",
+            prompts={"query": "Represent the question for retrieving supporting documents: "},
+            default_prompt_name="query",
+            include_prompt=False,
+            packed=True,
+            hub_models=("hkunlp/instructor-base (include_prompt: false)",),
+        ),
+        Family(
+            "xlm-roberta-cls",
+            _tokenizer_xlmr,
+            _xlmr,
+            pooling="cls",
+            packed=True,
+            hub_models=("BAAI/bge-m3", "nlpai-lab/KURE-v1", "dragonkue/BGE-m3-ko"),
+        ),
+        Family(
+            "xlm-roberta-mean",
+            _tokenizer_xlmr,
+            _xlmr,
+            prompts={"query": "query: ", "passage": "passage: "},
+            packed=True,
+            hub_models=("intfloat/multilingual-e5-base", "intfloat/multilingual-e5-large"),
+        ),
+        Family(
+            "roberta-bpe",
+            _tokenizer_roberta,
+            _roberta,
+            packed=True,
+            hub_models=(
+                "jhgan/ko-sroberta-multitask",
+                "ibm-granite/granite-embedding-125m-english",
+            ),
+        ),
+        Family(
+            "distilbert",
+            lambda: _tokenizer_bert("DistilBertTokenizer"),
+            _distilbert,
+            hub_models=("sentence-transformers/msmarco-distilbert-base-v4",),
+        ),
+        Family(
+            "mpnet",
+            _tokenizer_mpnet,
+            _mpnet,
+            hub_models=("sentence-transformers/all-mpnet-base-v2",),
+        ),
+        Family(
+            "modernbert",
+            _tokenizer_modernbert,
+            _modernbert,
+            pooling="cls",
+            hub_models=("Alibaba-NLP/gte-modernbert-base",),
+        ),
+        Family(
+            "qwen3",
+            _tokenizer_qwen3,
+            _qwen3,
+            pooling="lasttoken",
+            prompts={"query": QWEN_PROMPT, "document": ""},
+            hub_models=("Qwen/Qwen3-Embedding-0.6B", "Qwen/Qwen3-Embedding-4B"),
+        ),
+        Family(
+            "gemma3-dense",
+            _tokenizer_gemma,
+            _gemma3,
+            dense=((256, IDENTITY), (64, IDENTITY)),
+            prompts={"query": "task: search result | query: ", "document": "title: none | text: "},
+            hub_models=("google/embeddinggemma-300m",),
+        ),
+    )
+}
+LAYOUTS = ("current", "hub")
+"""current: as the installed sentence-transformers saves; hub: the older layout (module types
+under sentence_transformers.models, boolean pooling flags, max_seq_length in
+sentence_bert_config.json, Dense weights in pytorch_model.bin)."""
+
+
+def save_transformer(family: Family, folder: Path, seed: int = 0) -> Any:
+    """The family's tokenizer and randomly initialised model, saved by transformers."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    tokenizer = family.tokenizer()
+    config = family.config(tokenizer)
+    model = transformers.AutoModel.from_config(config)
+    model.eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.model_max_length = family.max_seq_length
+    tokenizer.save_pretrained(folder)
+    return model
+
+
+def _sentence_transformer(family: Family, transformer_folder: Path, seed: int) -> Any:
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+
+    transformer = models.Transformer(str(transformer_folder))
+    transformer.max_seq_length = family.max_seq_length
+    hidden = transformer.get_embedding_dimension()
+    modules: list[Any] = [
+        transformer,
+        models.Pooling(hidden, pooling_mode=family.pooling, include_prompt=family.include_prompt),
+    ]
+    width = modules[1].get_embedding_dimension()
+    torch.manual_seed(seed + 1)
+    for out_features, activation in family.dense:
+        module_path, _, name = activation.rpartition(".")
+        import importlib
+
+        activation_class = getattr(importlib.import_module(module_path), name)
+        dense = models.Dense(width, out_features, activation_function=activation_class())
+        torch.nn.init.normal_(dense.linear.weight, std=0.3)
+        modules.append(dense)
+        width = out_features
+    if family.normalize:
+        modules.append(models.Normalize())
+    return SentenceTransformer(
+        modules=modules,
+        prompts=family.prompts or None,
+        default_prompt_name=family.default_prompt_name,
+        device="cpu",
+    )
+
+
+def build(name: str, layout: str, root: Path, seed: int = 0) -> Path:
+    """The family `name` saved in `layout` under `root` (made once; later calls reuse it)."""
+    family = FAMILIES[name]
+    folder = root / f"{name}-{layout}"
+    if (folder / "modules.json").is_file():
+        return folder
+    scratch = root / f".{name}-{layout}-transformer"
+    save_transformer(family, scratch, seed)
+    model = _sentence_transformer(family, scratch, seed)
+    model.save(str(folder))
+    shutil.rmtree(scratch)
+    if name == "qwen3":  # as Qwen3-Embedding's tokenizer_config.json says
+        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+        tokenizer_config["padding_side"] = "left"
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    if layout == "hub":
+        to_hub_layout(folder, family)
+    return folder
+
+
+_OLD_TYPES = {
+    "Transformer": "sentence_transformers.models.Transformer",
+    "Pooling": "sentence_transformers.models.Pooling",
+    "Dense": "sentence_transformers.models.Dense",
+    "Normalize": "sentence_transformers.models.Normalize",
+}
+_OLD_FLAGS = {
+    "cls": "pooling_mode_cls_token",
+    "max": "pooling_mode_max_tokens",
+    "mean": "pooling_mode_mean_tokens",
+    "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+    "weightedmean": "pooling_mode_weightedmean_tokens",
+    "lasttoken": "pooling_mode_lasttoken",
+}
+
+
+def to_hub_layout(folder: Path, family: Family) -> None:
+    """Rewrite a current save as the older hub layout, which sentence-transformers still reads."""
+    import torch
+    from safetensors.torch import load_file
+
+    modules = json.loads((folder / "modules.json").read_text())
+    for module in modules:
+        kind = module["type"].rsplit(".", 1)[-1]
+        module["type"] = _OLD_TYPES[kind]
+        path = folder / module["path"]
+        if kind == "Pooling":
+            config = json.loads((path / "config.json").read_text())
+            modes = config.pop("pooling_mode")
+            modes = (modes,) if isinstance(modes, str) else tuple(modes)
+            old = {"word_embedding_dimension": config.pop("embedding_dimension")}
+            old.update({flag: mode in modes for mode, flag in _OLD_FLAGS.items()})
+            old["include_prompt"] = config.get("include_prompt", True)
+            (path / "config.json").write_text(json.dumps(old, indent=2))
+        elif kind == "Dense":
+            weights = load_file(str(path / "model.safetensors"))
+            torch.save(weights, path / "pytorch_model.bin")
+            (path / "model.safetensors").unlink()
+            config = json.loads((path / "config.json").read_text())
+            for key in ("module_input_name", "module_output_name"):
+                config.pop(key, None)
+            (path / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": family.max_seq_length, "do_lower_case": False})
+    )
