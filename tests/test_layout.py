@@ -53,6 +53,7 @@ ACROSS_MODULES = {
     "operator/test_crd.py",  # the CRD file
     "operator/test_cluster_crd.py",  # the CRD on a real apiserver
     "operator/test_cluster_operator.py",  # the operator process on a real apiserver
+    "server/test_models.py",  # the model families (docs/models.md): loading, head, packed, runner
 }
 
 

@@ -97,6 +97,7 @@ class ModelSpec:
     normalize: bool | None = None
     max_input_length: int | None = None
     auto_truncate: bool = False
+    trust_remote_code: bool = False
     openai_token_ids: str = "model"
     default_prompt_name: str | None = None
     default_prompt: str | None = None
@@ -369,6 +370,7 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         normalize=_optional_bool(_get(model_raw, "normalize", None)),
         max_input_length=_int(model_raw, "maxInputLength", None, "spec.model"),
         auto_truncate=bool(_get(model_raw, "autoTruncate", False)),
+        trust_remote_code=bool(_get(model_raw, "trustRemoteCode", False)),
         openai_token_ids=_get(model_raw, "openaiTokenIds", "model"),
         default_prompt_name=_get(model_raw, "defaultPromptName", None),
         default_prompt=_get(model_raw, "defaultPrompt", None),

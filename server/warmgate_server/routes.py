@@ -100,6 +100,7 @@ async def info(request: web.Request) -> web.Response:
             "max_input_length": engine.max_input_length if engine else None,
             "max_client_batch_size": config.max_client_batch_size,
             "auto_truncate": config.auto_truncate,
+            "trust_remote_code": config.trust_remote_code,
             "openai_token_ids": config.openai_token_ids,
             # text-embeddings-inference's own names for what is reported above.
             "model_dtype": runtime.lifecycle.dtype,

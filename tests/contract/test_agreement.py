@@ -95,6 +95,7 @@ def test_every_crd_field_that_reaches_a_server_flag_is_drawn() -> None:
     assert {
         "model.id", "model.revision", "model.servedName", "model.pooling", "model.normalize",
         "model.maxInputLength", "model.autoTruncate", "model.openaiTokenIds",
+        "model.trustRemoteCode",
         "model.source.volume", "model.source.volume.path", "model.source.volume.layout",
         "model.source.image", "model.source.image.path", "model.source.baked.path",
         "model.volume", "model.volume.path", "model.volume.layout",
