@@ -271,10 +271,11 @@ class ModelRunner:
             return tokenizer.batch_decode(lists, skip_special_tokens=skip_special_tokens)
 
     def warmup_inputs(self, shape: Shape) -> list[list[int]]:
-        """`shape.batch_size` inputs of exactly `shape.seq_len` tokens, via the tokenizer."""
-        words_needed = shape.seq_len // 8 + 1
-        text = _WARMUP_TEXT * words_needed
-        ids = self.tokenize([text], truncate=True, max_length=shape.seq_len)[0]
+        """`shape.batch_size` inputs of `shape.seq_len` tokens (the input limit, when the
+        bucket is longer than the model takes), via the tokenizer."""
+        length = min(shape.seq_len, self.max_input_length)
+        text = _WARMUP_TEXT * (length // 8 + 1)
+        ids = self.tokenize([text], truncate=True, max_length=length)[0]
         return [ids] * shape.batch_size
 
     def execute(

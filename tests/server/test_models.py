@@ -7,6 +7,7 @@ transformers'); the others run transformers'. docs/models.md lists what each row
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -100,3 +101,104 @@ async def test_each_family_serves_sentence_transformers_vectors(
         got = await embed(client, zoo.TEXTS[:4], prompt_name)
         want = reference(folder, zoo.TEXTS[:4], prompt_name)
         assert cosine(got, want).min() >= MIN_COSINE, prompt_name
+
+
+@pytest.mark.parametrize("builtin_type", [None, "bert"])
+async def test_custom_code_is_refused_without_trust_remote_code_and_served_with_it(
+    aiohttp_client, zoo_root: Path, builtin_type: str | None
+) -> None:
+    """A folder whose config.json points at its own modeling code (auto_map) is refused with a
+    message naming spec.model.trustRemoteCode, also when its model_type names a class
+    transformers ships (as jina-embeddings-v2's says bert) that cannot hold its weights: that
+    class would load with random layers. With the field set, the folder's own code serves
+    sentence-transformers' (trust_remote_code=True) vectors."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = zoo.build_custom_code(zoo_root, builtin_type)
+    _client, refused = await serve(aiohttp_client, folder)
+    assert refused["phase"] == "failed"
+    error = refused["error"]
+    assert "spec.model.trustRemoteCode" in error and "--trust-remote-code" in error, error
+    assert "config.json auto_map AutoModel: modeling_tiny.TinyEmbedderModel" in error, error
+    if builtin_type is not None:
+        assert "transformers' own class for it" in error and "missing" in error, error
+
+    client, ready = await serve(aiohttp_client, folder, "--trust-remote-code")
+    assert ready["phase"] == "ready", ready.get("error")
+    assert ready["forward"]["pass"] == "padded"
+    expected = SentenceTransformer(str(folder), device="cpu", trust_remote_code=True).encode(
+        zoo.TEXTS
+    )
+    assert cosine(await embed(client, zoo.TEXTS), expected).min() >= MIN_COSINE
+
+
+@pytest.mark.parametrize("packing", ["auto", "off"])
+async def test_weights_missing_or_unused_fail_the_load_with_their_names(
+    aiohttp_client, zoo_root: Path, tmp_path: Path, packing: str
+) -> None:
+    """A checkpoint that lacks a weight (it would be random) or holds one the architecture
+    has no place for (another architecture's) fails to load, on both forward passes, with
+    the key's name; /ready says failed, so the pod never turns Ready."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    source = zoo.build("xlm-roberta-mean", "current", zoo_root)
+    key = "encoder.layer.1.attention.self.value.weight"
+    for change, expected in (("drop", f"missing {key}"), ("add", "encoder.layer.7.")):
+        folder = tmp_path / change
+        shutil.copytree(source, folder)
+        state = load_file(str(folder / "model.safetensors"))
+        if change == "drop":
+            del state[key]
+        else:
+            state["encoder.layer.7.output.dense.weight"] = state[key].clone()
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        _client, ready = await serve(aiohttp_client, folder, "--packing", packing)
+        assert ready["phase"] == "failed", (change, packing)
+        assert "random layers" in ready["error"], ready["error"]
+        if packing == "off" or change == "add":
+            assert expected in ready["error"], ready["error"]
+        else:
+            assert key in ready["error"], ready["error"]
+
+
+async def test_an_xlm_roberta_limit_from_its_position_embeddings_holds(
+    aiohttp_client, zoo_root: Path, tmp_path: Path
+) -> None:
+    """XLM-R's position ids start at pad_token_id + 1: a model of 66 position embeddings and
+    no other stated limit holds 64 tokens. An input of exactly 64 runs on both forward passes;
+    65 is refused with a 4xx, or cut to 64 when truncating (it used to be an IndexError)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "xlmr"
+    shutil.copytree(zoo.build("xlm-roberta-cls", "current", zoo_root), folder)
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tokenizer_config.pop("model_max_length", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    ids = tokenizer(zoo.TEXTS[-1])["input_ids"]
+    assert len(ids) > 70
+    exact = [*ids[:63], ids[-1]]  # <s>, 62 tokens of text, </s>
+    over = [*ids[:64], ids[-1]]
+    buckets = ["--sequence-buckets", "16,32,64,128", "--warmup-batch-sizes", "1,2"]
+    for packing in ("auto", "off"):
+        argv = ["--model", str(folder), "--device", "cpu", "--packing", packing, *buckets]
+        app = create_app(parse_config(argv, environ={}), settle_rule=QUICK_SETTLE)
+        client = await aiohttp_client(app)
+        ready = await wait_for_phase(client, {"ready", "failed"})
+        assert ready["phase"] == "ready", ready.get("error")
+        settings = ready["model_settings"]
+        assert settings["max_input_length"] == 64
+        assert "max_position_embeddings" in settings["chosen_by"]["max_input_length"]
+        fits = await client.post("/v1/embeddings", json={"input": [exact]})
+        assert fits.status == 200, await fits.text()
+        too_long = await client.post("/v1/embeddings", json={"input": [over]})
+        assert 400 <= too_long.status < 500
+        assert "above the limit of 64" in (await too_long.json())["error"]["message"]
+        cut = await client.post("/embed", json={"inputs": zoo.TEXTS[-1], "truncate": True})
+        assert cut.status == 200, await cut.text()
+        refused = await client.post("/embed", json={"inputs": zoo.TEXTS[-1]})
+        assert 400 <= refused.status < 500

@@ -547,3 +547,117 @@ def to_hub_layout(folder: Path, family: Family) -> None:
     (folder / "sentence_bert_config.json").write_text(
         json.dumps({"max_seq_length": family.max_seq_length, "do_lower_case": False})
     )
+
+
+CUSTOM_CONFIG = """
+from transformers import PretrainedConfig
+
+
+class TinyEmbedderConfig(PretrainedConfig):
+    model_type = "tiny-embedder"
+
+    def __init__(self, vocab_size=600, hidden_size=64, pad_token_id=0, **kwargs):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        super().__init__(pad_token_id=pad_token_id, **kwargs)
+"""
+CUSTOM_MODELING = '''
+import torch
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput
+
+from .configuration_tiny import TinyEmbedderConfig
+
+
+class TinyEmbedderModel(PreTrainedModel):
+    """Custom code: token embeddings mixed by a causal running mean, then a tanh layer."""
+
+    config_class = TinyEmbedderConfig
+    base_model_prefix = "tiny"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed = torch.nn.Embedding(config.vocab_size, config.hidden_size)
+        self.mix = torch.nn.Linear(config.hidden_size, config.hidden_size)
+        self.post_init()
+
+    def _init_weights(self, module):
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            torch.nn.init.normal_(module.weight, std=0.5)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, **kwargs):
+        x = self.embed(input_ids)
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        weights = mask.unsqueeze(-1).to(x.dtype)
+        running = torch.cumsum(x * weights, 1) / torch.cumsum(weights, 1).clamp(min=1)
+        return BaseModelOutput(last_hidden_state=torch.tanh(self.mix(running)) + x)
+'''
+
+
+def build_custom_code(root: Path, builtin_type: str | None = None) -> Path:
+    """A model folder that carries its own modeling code (config.json's auto_map), with a BERT
+    tokenizer and sentence-transformers modules (mean pooling, Normalize). `builtin_type`:
+    config.json also names a model type transformers ships (as jina-embeddings-v2's says
+    bert), whose class cannot hold these weights."""
+    import importlib.util
+    import sys
+
+    import torch
+
+    folder = root / f"custom-code-{builtin_type or 'own'}"
+    if (folder / "modules.json").is_file():
+        return folder
+    code = root / f".custom-code-{builtin_type or 'own'}-src" / "tiny_code"
+    code.mkdir(parents=True, exist_ok=True)
+    (code / "__init__.py").write_text("")
+    (code / "configuration_tiny.py").write_text(CUSTOM_CONFIG)
+    (code / "modeling_tiny.py").write_text(CUSTOM_MODELING)
+    sys.path.insert(0, str(code.parent))
+    try:
+        spec = importlib.util.find_spec("tiny_code.modeling_tiny")
+        assert spec is not None and spec.loader is not None
+        modeling = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(modeling)
+    finally:
+        sys.path.remove(str(code.parent))
+    tokenizer = _tokenizer_bert()
+    torch.manual_seed(3)
+    config = modeling.TinyEmbedderConfig(vocab_size=len(tokenizer))
+    model = modeling.TinyEmbedderModel(config).eval()
+    transformer = root / f".custom-code-{builtin_type or 'own'}-transformer"
+    model.save_pretrained(transformer)
+    tokenizer.model_max_length = 64
+    tokenizer.save_pretrained(transformer)
+    for name in ("configuration_tiny.py", "modeling_tiny.py"):
+        shutil.copy(code / name, transformer / name)
+    saved = json.loads((transformer / "config.json").read_text())
+    saved["auto_map"] = {
+        "AutoConfig": "configuration_tiny.TinyEmbedderConfig",
+        "AutoModel": "modeling_tiny.TinyEmbedderModel",
+    }
+    saved["architectures"] = ["TinyEmbedderModel"]
+    if builtin_type is not None:  # with the fields that type's own config reads
+        saved.update(model_type=builtin_type, num_hidden_layers=1, num_attention_heads=4)
+        saved.update(intermediate_size=128, max_position_embeddings=128)
+    (transformer / "config.json").write_text(json.dumps(saved, indent=2))
+
+    from sentence_transformers import SentenceTransformer, models
+
+    modules = [
+        models.Transformer(str(transformer), model_args={"trust_remote_code": True},
+                           config_args={"trust_remote_code": True}),
+        models.Pooling(64, pooling_mode="mean"),
+        models.Normalize(),
+    ]  # fmt: skip
+    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    for name in ("configuration_tiny.py", "modeling_tiny.py"):
+        shutil.copy(transformer / name, folder / name)
+    st_config = json.loads((folder / "sentence_bert_config.json").read_text())
+    for key in ("model_args", "config_args", "model_kwargs", "config_kwargs"):
+        st_config.pop(key, None)
+    (folder / "sentence_bert_config.json").write_text(json.dumps(st_config, indent=2))
+    final = json.loads((folder / "config.json").read_text())
+    final["auto_map"] = saved["auto_map"]
+    final["model_type"] = saved["model_type"]
+    (folder / "config.json").write_text(json.dumps(final, indent=2))
+    return folder
