@@ -136,8 +136,6 @@ class FolderSettings:
     lowercase: bool = False
     """sentence_bert_config.json's do_lower_case: texts are lowercased before tokenizing."""
     max_seq_length: int | None = None
-    pooling_width: int | None = None
-    """The Pooling's token embedding dimension, as its config states it."""
 
 
 @dataclass(frozen=True)
@@ -382,9 +380,6 @@ def read_folder(folder: Path, trust_remote_code: bool = False) -> FolderSettings
     pooling_config = _required_json(folder / relative, relative)
     modes = pooling_modes(pooling_config, relative)
     include_prompt = pooling_config.get("include_prompt", True) is not False
-    width = pooling_config.get(
-        "embedding_dimension", pooling_config.get("word_embedding_dimension")
-    )
     steps: list[Step] = []
     for kind, module in rest[1:]:
         path = str(module.get("path") or "")
@@ -406,7 +401,6 @@ def read_folder(folder: Path, trust_remote_code: bool = False) -> FolderSettings
         include_prompt=include_prompt,
         lowercase=lowercase,
         max_seq_length=max_seq_length,
-        pooling_width=width if isinstance(width, int) else None,
         **common,
     )
 
