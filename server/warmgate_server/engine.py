@@ -93,7 +93,7 @@ class Engine:
                 f"{positions} positions: lower --max-input-length (and the buckets above it)"
             )
         try:
-            settings = modelconfig.resolve(config, loaded.path)
+            settings = modelconfig.resolve(config, loaded.path, loaded.folder)
             head = self._head(settings, loaded)
         except modelconfig.ModelConfigError as error:
             raise ModelLoadError(str(error)) from None
@@ -150,12 +150,12 @@ class Engine:
     def _head(settings: modelconfig.ModelSettings, loaded: LoadedModel) -> Head:
         """The load's Head when this config resolves the same module chain (the server's own
         case); else one for this config (tests that share a loaded model)."""
-        same = loaded.settings is not None and (
-            (loaded.settings.pooling_modes, loaded.settings.steps)
-            == (settings.pooling_modes, settings.steps)
-        )
-        if same and loaded.head is not None:
-            return loaded.head
+        head = loaded.head
+        if head is not None and (head.modes, head.steps) == (
+            settings.pooling_modes,
+            settings.steps,
+        ):
+            return head
         from .head import Head
 
         return Head(settings.pooling_modes, settings.steps, loaded.hidden_size, loaded.device)

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
 class ModelLoadError(RuntimeError):
     """The model cannot be found, downloaded or loaded; the message says what to change."""
+
+
+def weight_names(keys: Sequence[str], shown: int = 8) -> str:
+    """Checkpoint keys for a load error: the first `shown`, and how many more."""
+    listed = ", ".join(keys[:shown])
+    return listed + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
 
 
 class InputTooLong(ValueError):

@@ -33,6 +33,8 @@ import torch
 
 from warmgate_contract.shapes import Shape
 
+from .runner import fill_padded
+
 log = logging.getLogger(__name__)
 
 StaticForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -158,13 +160,13 @@ class GraphSet:
             pool = self._pools.get(worker)
             if pool is None and self.device.type == "cuda":
                 pool = self._pools[worker] = torch.cuda.graph_pool_handle()
-            host_ids = np.full((rows, seq_len), self.pad_token_id, dtype=np.int64)
-            host_mask = np.zeros((rows, seq_len), dtype=np.int64)
-            host_ids[:, 0] = self.filler_token_id
-            host_mask[:, 0] = 1
-            ids = torch.from_numpy(host_ids).to(self.device)
-            mask = torch.from_numpy(host_mask).to(self.device)
-            pool_mask = mask.clone()
+            host_ids, host_mask, host_pool = (
+                np.empty((rows, seq_len), dtype=np.int64) for _ in range(3)
+            )  # captured on filler rows only: every replay refills them
+            fill_padded([], host_ids, host_mask, host_pool, self.pad_token_id, self.filler_token_id)
+            ids, mask, pool_mask = (
+                torch.from_numpy(host).to(self.device) for host in (host_ids, host_mask, host_pool)
+            )
             try:
                 output, replay = self._capture(self.forward, ids, mask, pool_mask, pool)
             except Exception as error:  # torch raises RuntimeError and friends, with the reason
@@ -173,36 +175,18 @@ class GraphSet:
                     f"{type(error).__name__}: {error}"
                 ) from error
             self._graphs[(worker, shape)] = _Graph(
-                ids, mask, pool_mask, output, replay, host_ids, host_mask, host_mask.copy()
+                ids, mask, pool_mask, output, replay, host_ids, host_mask, host_pool
             )
             self.memory_bytes += max(_reserved(self.device) - before, 0)
             self.capture_seconds += time.perf_counter() - started
 
-    def run(
-        self,
-        batch: Sequence[Sequence[int]],
-        shape: Shape,
-        worker: int,
-        pool_from: np.ndarray | None = None,
-    ) -> np.ndarray:
+    def run(self, batch: Sequence[Sequence[int]], shape: Shape, worker: int) -> np.ndarray:
         """Replay `shape`'s graph on `batch` (its first len(batch) rows are real inputs, each
-        at most shape.seq_len tokens; `pool_from`: tokens each leaves out of pooling):
-        (len(batch), size) float32 on the host."""
+        at most shape.seq_len tokens): (len(batch), size) float32 on the host."""
         graph = self._graphs[(worker, shape)]
         count = len(batch)
-        host_ids, host_mask = graph.host_ids, graph.host_mask
-        host_ids.fill(self.pad_token_id)
-        host_mask.fill(0)
-        for row, tokens in enumerate(batch):
-            host_ids[row, : len(tokens)] = tokens
-            host_mask[row, : len(tokens)] = 1
-        host_ids[count:, 0] = self.filler_token_id
-        host_mask[count:, 0] = 1
-        host_pool = graph.host_pool_mask
-        host_pool[:] = host_mask
-        if pool_from is not None:
-            for row, skip in enumerate(pool_from):
-                host_pool[row, :skip] = 0
+        host_ids, host_mask, host_pool = graph.host_ids, graph.host_mask, graph.host_pool_mask
+        fill_padded(batch, host_ids, host_mask, host_pool, self.pad_token_id, self.filler_token_id)
         with torch.inference_mode():
             graph.ids.copy_(torch.from_numpy(host_ids))
             graph.mask.copy_(torch.from_numpy(host_mask))

@@ -91,6 +91,7 @@ class Head:
         self, modes: Sequence[str], steps: Sequence[Step], hidden: int, device: torch.device
     ) -> None:
         self.modes = tuple(modes)
+        self.steps = tuple(steps)
         self.hidden = hidden
         width = hidden * len(self.modes)
         self._steps: list[_Dense | None] = []  # None: a Normalize

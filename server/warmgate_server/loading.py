@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import modelconfig
 from .config import ServerConfig
 from .cpus import plan_threads
-from .errors import ModelLoadError
+from .errors import ModelLoadError, weight_names
 from .source import ModelSource, locate
 
 if TYPE_CHECKING:
@@ -69,17 +69,10 @@ class LoadedModel:
     """A PackedBert running this model padding-free, or None (the model's own forward)."""
     max_positions: int | None = None
     """Tokens per input the model's position embeddings hold: the hard limit."""
-    settings: modelconfig.ModelSettings | None = None
-    """The module chain and prompts as the load's flags resolved them."""
+    folder: modelconfig.FolderSettings = field(default_factory=modelconfig.FolderSettings)
+    """What the folder's sentence-transformers files say (read once, in the model thread)."""
     head: Any = None
-    """The Head (head.py) for `settings`: pooling, Dense and Normalize modules."""
-    why_padded: str = ""
-    """Why the padding-free pass does not run this model ("" when it does)."""
-
-    @property
-    def embedding_size(self) -> int:
-        """The served vectors' dimension (after pooling and any Dense modules)."""
-        return int(self.head.output_size) if self.head is not None else self.hidden_size
+    """The Head (head.py) the load's flags resolved: pooling, Dense and Normalize modules."""
 
     @property
     def device_name(self) -> str:
@@ -134,9 +127,11 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
         settings = modelconfig.resolve(config, path, folder)
     except modelconfig.ModelConfigError as error:
         raise ModelLoadError(str(error)) from None
-    custom = _custom_code(path)
-    if custom and not config.trust_remote_code:
-        _refuse_custom_code(config, path, custom)
+    # Code the folder points at: without --trust-remote-code, only transformers' own class
+    # for its model type may serve it, and only if it loads the checkpoint exactly.
+    custom = [] if config.trust_remote_code else _custom_code(path)
+    if any(item.startswith("tokenizer_config.json") for item in custom):
+        raise _custom_code_refused(config, custom)
     tokenizer = _load_tokenizer(config, path)
     packed, why_not = _load_packed(config, path, device, dtype)
     model = None
@@ -145,7 +140,20 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
             raise ModelLoadError(f"--packing on: {why_not}; use --packing auto or off")
         if config.packing == "auto":
             log.info("padded forward pass: %s", why_not)
-        model = _load_transformers_model(config, path, device, dtype)
+        try:
+            model = _load_transformers_model(config, path, device, dtype)
+        except ModelLoadError as error:
+            if custom:
+                raise _custom_code_refused(config, custom, str(error)) from None
+            raise
+        if custom:
+            log.warning(
+                "%s names custom code (%s), but transformers' own %s loads its checkpoint "
+                "exactly: serving it with that class",
+                path,
+                "; ".join(custom),
+                type(model).__name__,
+            )
         positions = _usable_positions(model)
         hidden_size = int(model.config.hidden_size)
     else:
@@ -174,9 +182,8 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
         uses_token_type_ids="token_type_ids" in tokenizer.model_input_names,
         packed=packed,
         max_positions=positions if isinstance(positions, int) else None,
-        settings=settings,
+        folder=folder,
         head=head,
-        why_padded=why_not,
     )
     log.info(
         "loaded %s on %s as %s in %.1fs (%d model workers x %d torch threads, %s)",
@@ -258,7 +265,7 @@ def _load_transformers_model(
             model, info = AutoModel.from_pretrained(str(path), torch_dtype=dtype, **options)
     except (OSError, ValueError, ImportError) as exc:
         raise ModelLoadError(f"--model {config.model}: cannot load it from {path}: {exc}") from None
-    problems = _loading_problems(model, info, checkpoint_keys(path))
+    problems = _loading_problems(model, info, _checkpoint_keys(path))
     if problems:
         raise ModelLoadError(
             f"--model {config.model}: the weights do not fit {type(model).__name__}: "
@@ -285,23 +292,18 @@ def _loading_problems(model: Any, info: dict[str, Any], keys: set[str]) -> str:
         # prefix (bert., model.) and the head's do not.
         (heads if headed and not key.startswith(prefix) else unused).append(key)
     if heads:
-        log.info("left out the checkpoint's task head: %s", _names(heads))
+        log.info("left out the checkpoint's task head: %s", weight_names(heads))
     parts = []
     if missing:
-        parts.append(f"missing {_names(missing)}")
+        parts.append(f"missing {weight_names(missing)}")
     if unused:
-        parts.append(f"unused {_names(unused)}")
+        parts.append(f"unused {weight_names(unused)}")
     if mismatched:
-        parts.append(f"of another shape {_names(mismatched)}")
+        parts.append(f"of another shape {weight_names(mismatched)}")
     return "; ".join(parts)
 
 
-def _names(keys: list[str], shown: int = 8) -> str:
-    listed = ", ".join(keys[:shown])
-    return listed + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
-
-
-def checkpoint_keys(path: Path) -> set[str]:
+def _checkpoint_keys(path: Path) -> set[str]:
     """The weight names a model folder's checkpoint holds (safetensors, sharded or not, or
     pytorch_model.bin)."""
     index = path / "model.safetensors.index.json"
@@ -358,40 +360,16 @@ def _custom_code(path: Path) -> list[str]:
     return found
 
 
-def _refuse_custom_code(config: ServerConfig, path: Path, custom: list[str]) -> None:
-    """Refuse a folder that points at custom code, unless a class transformers ships loads
-    its checkpoint exactly (then the built-in class serves it, and that is logged)."""
-    tokenizer_code = [item for item in custom if item.startswith("tokenizer_config.json")]
+def _custom_code_refused(config: ServerConfig, custom: list[str], why: str = "") -> ModelLoadError:
+    """The refusal of a folder that points at custom code (`why`: what transformers' own
+    class for its model type could not do with the checkpoint)."""
     reason = "; ".join(custom)
-    if not tokenizer_code:
-        try:
-            _load_builtin_exactly(path)
-        except Exception as exc:  # the built-in class cannot load it: the code is needed
-            reason += f" (transformers' own class for it: {exc})"
-        else:
-            log.warning(
-                "%s names custom code (%s), but transformers' own class loads its checkpoint "
-                "exactly: serving it with that class",
-                path,
-                reason,
-            )
-            return
-    raise ModelLoadError(
+    if why:
+        reason += (
+            f" (transformers' own class for it: {why.removeprefix(f'--model {config.model}: ')})"
+        )
+    return ModelLoadError(
         f"--model {config.model}: the model's folder points at custom code ({reason}); it "
         "runs only when the EmbeddingService sets spec.model.trustRemoteCode: true "
         "(--trust-remote-code), which runs the model's own Python in the pod"
     )
-
-
-def _load_builtin_exactly(path: Path) -> None:
-    """Raise unless transformers' own class for config.json's model type loads every weight of
-    the checkpoint and leaves none of the model's random."""
-    from transformers import AutoConfig, AutoModel
-
-    model_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    model, info = AutoModel.from_pretrained(
-        str(path), config=model_config, local_files_only=True, output_loading_info=True
-    )
-    problems = _loading_problems(model, info, checkpoint_keys(path))
-    if problems:
-        raise ValueError(problems)

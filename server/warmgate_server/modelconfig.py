@@ -136,6 +136,8 @@ class FolderSettings:
     lowercase: bool = False
     """sentence_bert_config.json's do_lower_case: texts are lowercased before tokenizing."""
     max_seq_length: int | None = None
+    decoder: str | None = None
+    """The architecture when config.json describes a decoder-only model (decoder_name)."""
 
 
 @dataclass(frozen=True)
@@ -351,6 +353,7 @@ def read_folder(folder: Path, trust_remote_code: bool = False) -> FolderSettings
     common = {
         "prompts": {str(k): str(v) for k, v in prompts.items()},
         "default_prompt_name": st_config.get("default_prompt_name") or None,
+        "decoder": decoder_name(folder),
     }
     if modules is None:
         return FolderSettings(**common)
@@ -440,10 +443,12 @@ def resolve(
             )
     elif found.pooling is not None:
         modes, chosen_by["pooling"] = found.pooling, found.pooling_source
-    elif (decoder := decoder_name(folder)) is not None:
+    elif found.decoder is not None:
         # Right-padded inputs: the last real token has seen the whole input.
         modes = ("last",)
-        chosen_by["pooling"] = f"config.json: a decoder ({decoder}) embeds with its last token"
+        chosen_by["pooling"] = (
+            f"config.json: a decoder ({found.decoder}) embeds with its last token"
+        )
     else:
         modes, chosen_by["pooling"] = ("mean",), "default (the folder names no pooling)"
     if config.normalize is not None:

@@ -44,6 +44,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .errors import weight_names
+
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -129,7 +131,7 @@ class PackedBert:
         unused = sorted(key for key in set(state) - used if not key.startswith(_NOT_READ))
         if unused:
             raise CheckpointMismatch(
-                f"the checkpoint has weights this architecture does not use: {_names(unused)}"
+                f"the checkpoint has weights this architecture does not use: {weight_names(unused)}"
             )
         try:
             self.word = state["embeddings.word_embeddings.weight"]
@@ -328,8 +330,3 @@ def _layer(state: Mapping[str, torch.Tensor], prefix: str) -> _Layer:
         output_bias=state[prefix + "output.dense.bias"],
         output_norm=_norm(state, prefix + "output.LayerNorm"),
     )
-
-
-def _names(keys: Sequence[str], shown: int = 8) -> str:
-    listed = ", ".join(keys[:shown])
-    return listed + (f" and {len(keys) - shown} more" if len(keys) > shown else "")

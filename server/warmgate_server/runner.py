@@ -57,6 +57,29 @@ def pool_starts(batch: Sequence[Sequence[int]]) -> np.ndarray | None:
     return starts if starts.any() else None
 
 
+def fill_padded(
+    batch: Sequence[Sequence[int]],
+    ids: np.ndarray,
+    mask: np.ndarray,
+    pool_mask: np.ndarray,
+    pad_token_id: int,
+    filler_token_id: int,
+) -> None:
+    """Lay `batch` out right-padded in (rows, seq_len) buffers: token ids, the attention mask
+    and the pooling mask (the attention mask less each input's pool_from). Rows past the batch
+    get one real token, `filler_token_id`: an all-masked row can turn attention into NaN."""
+    ids.fill(pad_token_id)
+    mask.fill(0)
+    for row, tokens in enumerate(batch):
+        ids[row, : len(tokens)] = tokens
+        mask[row, : len(tokens)] = 1
+    ids[len(batch) :, 0] = filler_token_id
+    mask[len(batch) :, 0] = 1
+    pool_mask[:] = mask
+    for row, tokens in enumerate(batch):
+        pool_mask[row, : getattr(tokens, "pool_from", 0)] = 0
+
+
 def _leading_ones(mask: Sequence[int]) -> int:
     count = 0
     for value in mask:
@@ -294,7 +317,7 @@ class ModelRunner:
             self.faults.before_forward()
         if by_graph:
             assert graphs is not None
-            vectors = graphs.run(batch, shape, worker, pool_starts(batch))
+            vectors = graphs.run(batch, shape, worker)
         else:
             vectors = self._forward(batch, shape, pool)
         self._executed.add(key)
@@ -314,22 +337,16 @@ class ModelRunner:
         import torch
 
         loaded = self.loaded
-        pool_from = pool_starts(batch) if pool else None
         if self.packed is not None:
             with torch.inference_mode():
                 states, starts, lengths = self.packed.encode(batch, shape.seq_len, shape.batch_size)
                 if not pool:  # every real token's state, input after input
                     return states.float().cpu().numpy()
+                pool_from = pool_starts(batch)
                 return self.head.packed(states, starts, lengths, pool_from).cpu().numpy()
         count = len(batch)
-        ids = np.full(shape, loaded.pad_token_id, dtype=np.int64)
-        mask = np.zeros(shape, dtype=np.int64)
-        for row, tokens in enumerate(batch):
-            ids[row, : len(tokens)] = tokens
-            mask[row, : len(tokens)] = 1
-        # Padding rows get one real token: an all-masked row can turn attention into NaN.
-        ids[count:, 0] = loaded.cls_token_id
-        mask[count:, 0] = 1
+        ids, mask, pool_mask = (np.empty(shape, dtype=np.int64) for _ in range(3))
+        fill_padded(batch, ids, mask, pool_mask, loaded.pad_token_id, loaded.cls_token_id)
         device = loaded.device
         inputs = {
             "input_ids": torch.from_numpy(ids).to(device),
@@ -343,11 +360,7 @@ class ModelRunner:
             if not pool:
                 states = [hidden[row, : len(tokens)] for row, tokens in enumerate(batch)]
                 return torch.cat(states).cpu().numpy()
-            pool_mask = inputs["attention_mask"][:count]
-            if pool_from is not None:
-                kept = torch.arange(shape.seq_len)[None, :] >= torch.from_numpy(pool_from)[:, None]
-                pool_mask = pool_mask * kept.to(device)
             # Inputs are right-padded: "last" is each row's last real token.
-            pooled = self.head.padded(hidden, pool_mask)
+            pooled = self.head.padded(hidden, torch.from_numpy(pool_mask[:count]).to(device))
             # .cpu() waits for the device, so the timing covers the whole forward pass.
             return pooled.cpu().numpy()

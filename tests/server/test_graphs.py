@@ -236,3 +236,21 @@ def test_capture_errors_name_the_shape(loaded_minilm) -> None:
 def test_the_cpu_loader_still_picks_the_packed_pass(minilm_dir) -> None:
     loaded = load_model(parse_config(["--model", str(minilm_dir), "--device", "cpu"]))
     assert loaded.packed is not None and loaded.packed.varlen is None
+
+
+def test_a_graph_leaves_a_prompt_out_of_pooling_as_the_packed_pass_does(loaded_minilm) -> None:
+    """Inputs whose first tokens pooling leaves out (a prompt, include_prompt: false) get the
+    same vectors from a graph's static pooling mask as from the padding-free pass, and not
+    the vectors of their whole inputs."""
+    from warmgate_server.runner import TokenIds
+
+    shape = Shape(4, 32)
+    graphs = _graph_set(loaded_minilm)
+    graphs.capture(shape, worker=0)
+    runner = ModelRunner(loaded_minilm, "mean", 64)
+    whole = runner.tokenize(["query: a warm graph", "query: and another, longer one"])
+    prompted = [TokenIds(ids, 4) for ids in whole]  # [CLS] query : ... stays out
+    by_graph = graphs.run(prompted, shape, 0).copy()  # the CPU stand-in reuses its output
+    packed = runner.execute(prompted, shape).vectors
+    np.testing.assert_allclose(by_graph, packed, atol=2e-5, rtol=1e-4)
+    assert _cosine(by_graph, graphs.run(whole, shape, 0)).max() < 0.999

@@ -183,6 +183,11 @@ async def test_an_xlm_roberta_limit_from_its_position_embeddings_holds(
     assert len(ids) > 70
     exact = [*ids[:63], ids[-1]]  # <s>, 62 tokens of text, </s>
     over = [*ids[:64], ids[-1]]
+    from sentence_transformers import SentenceTransformer
+
+    reference_model = SentenceTransformer(str(folder), device="cpu")
+    reference_model.max_seq_length = 64
+    expected = reference_model.encode(zoo.TEXTS[-1:])
     buckets = ["--sequence-buckets", "16,32,64,128", "--warmup-batch-sizes", "1,2"]
     for packing in ("auto", "off"):
         argv = ["--model", str(folder), "--device", "cpu", "--packing", packing, *buckets]
@@ -200,5 +205,10 @@ async def test_an_xlm_roberta_limit_from_its_position_embeddings_holds(
         assert "above the limit of 64" in (await too_long.json())["error"]["message"]
         cut = await client.post("/embed", json={"inputs": zoo.TEXTS[-1], "truncate": True})
         assert cut.status == 200, await cut.text()
+        # Cut to the limit, the text is `exact`; both are sentence-transformers' vector of the
+        # text at max_seq_length 64.
+        at_limit = np.array([(await fits.json())["data"][0]["embedding"]])
+        assert cosine(np.array(await cut.json()), at_limit).min() >= MIN_COSINE
+        assert cosine(at_limit, expected).min() >= MIN_COSINE
         refused = await client.post("/embed", json={"inputs": zoo.TEXTS[-1]})
         assert 400 <= refused.status < 500

@@ -14,6 +14,7 @@ vectors differ, so a server that pooled wrongly could not pass by accident.
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 from collections.abc import Callable
@@ -73,6 +74,17 @@ TEXTS = [
 VOCAB_SIZE = 600
 
 
+def _trained(tokenizer: Any, trainer: Any) -> dict[str, Any]:
+    """The model part of `tokenizer` trained on the corpus (tokenizer.json's "model")."""
+    tokenizer.train_from_iterator(corpus(), trainer)
+    return json.loads(tokenizer.to_str())["model"]
+
+
+def _bpe_parts(model: dict[str, Any]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return model["vocab"], merges
+
+
 def _wordpiece(specials: list[str], lowercase: bool = True) -> dict[str, int]:
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
@@ -80,8 +92,7 @@ def _wordpiece(specials: list[str], lowercase: bool = True) -> dict[str, int]:
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     trainer = trainers.WordPieceTrainer(vocab_size=VOCAB_SIZE, special_tokens=specials)
-    tokenizer.train_from_iterator(corpus(), trainer)
-    return tokenizer.get_vocab()
+    return _trained(tokenizer, trainer)["vocab"]
 
 
 def _unigram(specials: list[str]) -> list[tuple[str, float]]:
@@ -92,10 +103,7 @@ def _unigram(specials: list[str]) -> list[tuple[str, float]]:
     trainer = trainers.UnigramTrainer(
         vocab_size=VOCAB_SIZE, special_tokens=specials, unk_token="<unk>"
     )
-    tokenizer.train_from_iterator(corpus(), trainer)
-    return [
-        (piece, float(score)) for piece, score in json.loads(tokenizer.to_str())["model"]["vocab"]
-    ]
+    return [(piece, float(score)) for piece, score in _trained(tokenizer, trainer)["vocab"]]
 
 
 def _byte_bpe(specials: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -108,10 +116,7 @@ def _byte_bpe(specials: list[str]) -> tuple[dict[str, int], list[tuple[str, str]
         special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(corpus(), trainer)
-    model = json.loads(tokenizer.to_str())["model"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    return model["vocab"], merges
+    return _bpe_parts(_trained(tokenizer, trainer))
 
 
 def _metaspace_bpe(specials: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -125,10 +130,7 @@ def _metaspace_bpe(specials: list[str]) -> tuple[dict[str, int], list[tuple[str,
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE + 256, special_tokens=specials + byte_tokens
     )
-    tokenizer.train_from_iterator(corpus(), trainer)
-    model = json.loads(tokenizer.to_str())["model"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    return model["vocab"], merges
+    return _bpe_parts(_trained(tokenizer, trainer))
 
 
 def _tokenizer_bert(cls_name: str = "BertTokenizer") -> Any:
@@ -464,8 +466,6 @@ def _sentence_transformer(family: Family, transformer_folder: Path, seed: int) -
     torch.manual_seed(seed + 1)
     for out_features, activation in family.dense:
         module_path, _, name = activation.rpartition(".")
-        import importlib
-
         activation_class = getattr(importlib.import_module(module_path), name)
         dense = models.Dense(width, out_features, activation_function=activation_class())
         torch.nn.init.normal_(dense.linear.weight, std=0.3)
@@ -594,70 +594,59 @@ class TinyEmbedderModel(PreTrainedModel):
 '''
 
 
+CUSTOM_AUTO_MAP = {
+    "AutoConfig": "configuration_tiny.TinyEmbedderConfig",
+    "AutoModel": "modeling_tiny.TinyEmbedderModel",
+}
+CUSTOM_FILES = {"configuration_tiny.py": CUSTOM_CONFIG, "modeling_tiny.py": CUSTOM_MODELING}
+
+
 def build_custom_code(root: Path, builtin_type: str | None = None) -> Path:
     """A model folder that carries its own modeling code (config.json's auto_map), with a BERT
     tokenizer and sentence-transformers modules (mean pooling, Normalize). `builtin_type`:
     config.json also names a model type transformers ships (as jina-embeddings-v2's says
     bert), whose class cannot hold these weights."""
-    import importlib.util
-    import sys
-
     import torch
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import AutoConfig, AutoModel
 
-    folder = root / f"custom-code-{builtin_type or 'own'}"
+    name = f"custom-code-{builtin_type or 'own'}"
+    folder = root / name
     if (folder / "modules.json").is_file():
         return folder
-    code = root / f".custom-code-{builtin_type or 'own'}-src" / "tiny_code"
-    code.mkdir(parents=True, exist_ok=True)
-    (code / "__init__.py").write_text("")
-    (code / "configuration_tiny.py").write_text(CUSTOM_CONFIG)
-    (code / "modeling_tiny.py").write_text(CUSTOM_MODELING)
-    sys.path.insert(0, str(code.parent))
-    try:
-        spec = importlib.util.find_spec("tiny_code.modeling_tiny")
-        assert spec is not None and spec.loader is not None
-        modeling = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(modeling)
-    finally:
-        sys.path.remove(str(code.parent))
+    transformer = root / f".{name}-transformer"
+    transformer.mkdir(parents=True, exist_ok=True)
+    for file, text in CUSTOM_FILES.items():
+        (transformer / file).write_text(text)
     tokenizer = _tokenizer_bert()
-    torch.manual_seed(3)
-    config = modeling.TinyEmbedderConfig(vocab_size=len(tokenizer))
-    model = modeling.TinyEmbedderModel(config).eval()
-    transformer = root / f".custom-code-{builtin_type or 'own'}-transformer"
-    model.save_pretrained(transformer)
     tokenizer.model_max_length = 64
     tokenizer.save_pretrained(transformer)
-    for name in ("configuration_tiny.py", "modeling_tiny.py"):
-        shutil.copy(code / name, transformer / name)
-    saved = json.loads((transformer / "config.json").read_text())
-    saved["auto_map"] = {
-        "AutoConfig": "configuration_tiny.TinyEmbedderConfig",
-        "AutoModel": "modeling_tiny.TinyEmbedderModel",
-    }
-    saved["architectures"] = ["TinyEmbedderModel"]
-    if builtin_type is not None:  # with the fields that type's own config reads
-        saved.update(model_type=builtin_type, num_hidden_layers=1, num_attention_heads=4)
-        saved.update(intermediate_size=128, max_position_embeddings=128)
-    (transformer / "config.json").write_text(json.dumps(saved, indent=2))
+    own = {"model_type": "tiny-embedder", "auto_map": CUSTOM_AUTO_MAP, "hidden_size": 64}
+    own.update(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    (transformer / "config.json").write_text(json.dumps(own))
+    torch.manual_seed(3)
+    config = AutoConfig.from_pretrained(str(transformer), trust_remote_code=True)
+    AutoModel.from_config(config, trust_remote_code=True).save_pretrained(transformer)
 
-    from sentence_transformers import SentenceTransformer, models
-
+    trusted = {"trust_remote_code": True}
     modules = [
-        models.Transformer(str(transformer), model_args={"trust_remote_code": True},
-                           config_args={"trust_remote_code": True}),
+        models.Transformer(str(transformer), model_args=trusted, config_args=trusted),
         models.Pooling(64, pooling_mode="mean"),
         models.Normalize(),
-    ]  # fmt: skip
+    ]
     SentenceTransformer(modules=modules, device="cpu").save(str(folder))
-    for name in ("configuration_tiny.py", "modeling_tiny.py"):
-        shutil.copy(transformer / name, folder / name)
+    shutil.rmtree(transformer)
+    for file, text in CUSTOM_FILES.items():
+        (folder / file).write_text(text)
+    # As a hub folder has it: the code is the folder's own, not a load argument.
     st_config = json.loads((folder / "sentence_bert_config.json").read_text())
     for key in ("model_args", "config_args", "model_kwargs", "config_kwargs"):
         st_config.pop(key, None)
     (folder / "sentence_bert_config.json").write_text(json.dumps(st_config, indent=2))
-    final = json.loads((folder / "config.json").read_text())
-    final["auto_map"] = saved["auto_map"]
-    final["model_type"] = saved["model_type"]
-    (folder / "config.json").write_text(json.dumps(final, indent=2))
+    saved = json.loads((folder / "config.json").read_text())
+    saved["auto_map"] = CUSTOM_AUTO_MAP
+    if builtin_type is not None:  # with the fields that type's own config reads
+        saved.update(model_type=builtin_type, num_hidden_layers=1, num_attention_heads=4)
+        saved.update(intermediate_size=128, max_position_embeddings=128)
+    (folder / "config.json").write_text(json.dumps(saved, indent=2))
     return folder
