@@ -129,6 +129,10 @@ test-kubectl: ## kubectl experience: examples, get, explain, describe, wait, sca
 bench-server: install ## Cold vs warm first requests; throughput vs sentence-transformers and Infinity
 	$(PY) bench/server/bench_server.py
 
+.PHONY: bench-models
+bench-models: install ## XLM-R of multilingual-e5-base's shape: warmgate vs Infinity; bge-m3's shape: ready time, memory
+	$(PY) bench/server/bench_models.py
+
 .PHONY: bench-server-infinity
 bench-server-infinity: ## Install Infinity into its own venv (~/.cache/warmgate/infinity-venv) for bench-server
 	$(PYTHON) -m venv $(HOME)/.cache/warmgate/infinity-venv

@@ -28,12 +28,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loadgen import REPO, SHORT_SENTENCES, closed_loop, markdown_table, probe_shapes
+from loadgen import SHORT_SENTENCES, closed_loop, markdown_table, probe_shapes
 
 from warmgate_server.config import ServerConfig
 from warmgate_server.cpus import plan_threads, usable_cpus
 from warmgate_server.testing import ServerProcess, minilm_path
 
+REPO = Path(__file__).resolve().parents[2]
 MFLOP_PER_TOKEN = 22.0
 INFINITY_VENV = Path(os.environ.get("INFINITY_VENV", "~/.cache/warmgate/infinity-venv"))
 COLUMNS = ["batch_size", "seq_len", "first_ms", "steady_ms", "ratio", "worst_ratio",
@@ -156,9 +157,12 @@ def _median_over_processes(runs: list[list[dict[str, Any]]]) -> list[dict[str, A
     return merged
 
 
-def start_infinity(args: argparse.Namespace, model: str) -> tuple[Any, str, dict[str, Any]]:
+def start_infinity(
+    args: argparse.Namespace, model: str, served_name: str = "minilm", timeout_s: float = 600
+) -> tuple[Any, str, dict[str, Any]]:
     """Infinity in its own venv on the same model folder, offline, at its defaults (torch on
-    all CPUs), as a user would run it; warmgate runs at its defaults too."""
+    all CPUs), as a user would run it; warmgate runs at its defaults too. Its dict says how
+    long it took to answer /health (`ready_seconds`)."""
     venv = INFINITY_VENV.expanduser()
     binary = venv / "bin" / "infinity_emb"
     if not binary.exists():
@@ -173,14 +177,15 @@ def start_infinity(args: argparse.Namespace, model: str) -> tuple[Any, str, dict
     }  # fmt: skip
     env.pop("OMP_NUM_THREADS", None)
     command = [
-        str(binary), "v2", "--model-id", model, "--served-model-name", "minilm",
+        str(binary), "v2", "--model-id", model, "--served-model-name", served_name,
         "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--engine", "torch",
         "--batch-size", "32",
     ]  # fmt: skip
+    started = time.monotonic()
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
+    deadline = started + timeout_s
     while True:
         if process.poll() is not None:
             tail = log_path.read_text(errors="replace")[-1500:]
@@ -188,12 +193,14 @@ def start_infinity(args: argparse.Namespace, model: str) -> tuple[Any, str, dict
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as response:
                 if response.status == 200:
-                    return process, url, {"command": " ".join(command), "points": []}
+                    ready = round(time.monotonic() - started, 1)
+                    found = {"command": " ".join(command), "points": [], "ready_seconds": ready}
+                    return process, url, found
         except OSError:
             pass
         if time.monotonic() > deadline:
             process.kill()
-            return None, url, {"error": "infinity did not become healthy within 600 s"}
+            return None, url, {"error": f"infinity was not healthy within {timeout_s:g} s"}
         time.sleep(0.5)
 
 
@@ -283,11 +290,12 @@ def sentence_transformers_ceiling(args: argparse.Namespace, encoder: Any) -> dic
     }
 
 
-def write_doc(doc: Path, section: str) -> None:
+def write_doc(doc: Path, section: str, begin: str = BEGIN, end: str = END) -> None:
+    """Put `section` between `begin` and `end` in `doc` (appended when they are absent)."""
     text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    block = f"{BEGIN}\n{section}\n{END}"
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
+    block = f"{begin}\n{section}\n{end}"
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient
-from support import zoo
 from support.server import QUICK_SETTLE, SMALL_PLAN
 
+from warmgate_server import zoo
 from warmgate_server.app import create_app
 from warmgate_server.config import parse_config
 from warmgate_server.testing import wait_for_phase

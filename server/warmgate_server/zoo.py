@@ -1,4 +1,5 @@
-"""A model zoo made offline: a tiny, randomly initialised model of each family people deploy,
+"""A model zoo made offline, for the tests (tests/server/test_models.py) and benchmarks
+(bench/server/bench_models.py): a tiny, randomly initialised model of each family people deploy,
 with a real tokenizer of its family's class trained on a small multilingual corpus, saved the
 way sentence-transformers saves it today and in the older hub layout.
 

@@ -1,0 +1,245 @@
+"""The multilingual families on the CPU (`make bench-models`): warmgate against Infinity on an
+XLM-RoBERTa of multilingual-e5-base's shape, and bge-m3's shape on warmgate alone.
+
+No hub is reachable, so the models are made here: the real XLM-RoBERTa architecture at the
+real sizes (e5-base: 12 layers, 768 wide, 12 heads, 3072 inner, 250,002-token vocabulary, 514
+positions; bge-m3: 24 layers, 1024 wide, 16 heads, 4096 inner, 8194 positions), random fp32
+weights, mean pooling and Normalize as multilingual-e5 has (CLS for bge-m3), and an XLM-R
+tokenizer trained on the zoo's small multilingual corpus (warmgate_server/zoo.py). Its vocabulary
+is small, so a text takes more tokens than with the real one; both servers see the same
+tokens, which is what a side-by-side needs.
+
+1. Time from process start to ready: warmgate's /ready 200 (warm: every planned shape run),
+   Infinity's /health 200 (its own warmup done), both at their defaults.
+2. Load, one server after the other on each point, both up at once so both see the same
+   machine: one sentence at concurrency 1 (p50), batches of 32 at concurrency 8 and 32
+   (inputs/s), through the same client (bench/server/loadgen.py, pooled connections).
+3. bge-m3's shape: warmgate's time to /ready and its resident memory (VmRSS, VmHWM).
+
+Writes bench/results/bench_models.json and the models section of docs/benchmarks.md. Not a
+timed test: it takes about half an hour on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench_server import REPO, machine, start_infinity, write_doc
+from loadgen import closed_loop, markdown_table
+
+from warmgate_server import zoo
+from warmgate_server.testing import ServerProcess
+
+CACHE = Path(os.environ.get("WARMGATE_BENCH_MODELS", "~/.cache/warmgate/bench-models"))
+BEGIN, END = "<!-- model-benchmarks:begin -->", "<!-- model-benchmarks:end -->"
+SHAPES = {
+    "e5-base": {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
+                "intermediate_size": 3072, "max_position_embeddings": 514},
+    "bge-m3": {"num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16,
+               "intermediate_size": 4096, "max_position_embeddings": 8194},
+}  # fmt: skip
+POOLING = {"e5-base": "mean", "bge-m3": "cls"}
+# Sentences of several languages and lengths, as multilingual traffic has them.
+SENTENCES = [
+    "query: how do readiness gates keep a pod out of a Service?",
+    "passage: 서울은 대한민국의 수도이며 가장 큰 도시입니다.",
+    "query: 東京の天気はどうですか",
+    "passage: The first request of a cold process pays for lazy initialisation.",
+    "query: 샘플 문장입니다",
+    "passage: Ceci est une phrase en français, avec des accents.",
+    "query: embeddings for search in several languages",
+    "passage: Dies ist ein deutscher Satz über Straßenbahnen und Busse.",
+]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=20.0, help="per load point")
+    parser.add_argument("--rounds", type=int, default=2, help="alternations per load point")
+    parser.add_argument("--skip-infinity", action="store_true")
+    parser.add_argument("--skip-bge-m3", action="store_true")
+    parser.add_argument("--out", default=str(REPO / "bench" / "results"))
+    parser.add_argument("--doc", default=str(REPO / "docs" / "benchmarks.md"))
+    return parser.parse_args()
+
+
+def build(shape: str) -> Path:
+    """The model of `shape` as a sentence-transformers folder (made once, cached)."""
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    folder = CACHE.expanduser() / f"xlm-roberta-{shape}"
+    if (folder / "modules.json").is_file():
+        return folder
+    scratch = folder.with_name(folder.name + ".transformer")
+    tokenizer = zoo.FAMILIES["xlm-roberta-mean"].tokenizer()
+    tokenizer.model_max_length = SHAPES[shape]["max_position_embeddings"] - 2
+    torch.manual_seed(0)
+    config = XLMRobertaConfig(
+        vocab_size=250_002, type_vocab_size=1, pad_token_id=1, **SHAPES[shape]
+    )
+    XLMRobertaModel(config, add_pooling_layer=False).eval().save_pretrained(scratch)
+    tokenizer.save_pretrained(scratch)
+    transformer = models.Transformer(str(scratch))
+    transformer.max_seq_length = 512
+    pooling = models.Pooling(config.hidden_size, pooling_mode=POOLING[shape])
+    model = SentenceTransformer(modules=[transformer, pooling, models.Normalize()], device="cpu")
+    model.save(str(folder))
+    for item in scratch.iterdir():
+        item.unlink()
+    scratch.rmdir()
+    return folder
+
+
+def memory_of(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM of a process, in MiB."""
+    found = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            found[key] = round(int(value.split()[0]) / 1024, 1)
+    return found
+
+
+def start_warmgate(model: Path) -> tuple[ServerProcess, dict[str, Any]]:
+    """warmgate at its defaults on `model`; the seconds from start to a warm /ready."""
+    server = ServerProcess(["--model", str(model), "--device", "cpu"])
+    started = time.monotonic()
+    server.start()
+    report = server.wait_ready(timeout=1800)
+    return server, {
+        "ready_seconds": round(time.monotonic() - started, 1),
+        "warmup_seconds": round(report["warmup_seconds"], 1),
+        "forward": report["forward"]["pass"],
+        "shapes": len(report["planned_shapes"]),
+        "memory_mib": memory_of(server.pid),
+    }
+
+
+def load_points(
+    args: argparse.Namespace, servers: dict[str, tuple[str, str, str | None]]
+) -> list[dict[str, Any]]:
+    """Each point on each server in turn, `rounds` times (so neither always goes first)."""
+    points = []
+    cases = [(SENTENCES[:1], 1), ((SENTENCES * 4)[:32], 8), ((SENTENCES * 4)[:32], 32)]
+    for batch, concurrency in cases:
+        for round_index in range(args.rounds):
+            order = list(servers) if round_index % 2 == 0 else list(reversed(servers))
+            for name in order:
+                url, path, model = servers[name]
+                point = asyncio.run(closed_loop(url, concurrency, batch, args.seconds, path, model))
+                point.update(server=name, round=round_index, load=round(os.getloadavg()[0], 1))
+                points.append(point)
+                print(json.dumps(point), flush=True)
+    return points
+
+
+def best_of(points: list[dict[str, Any]], name: str, batch: int, concurrency: int) -> dict:
+    rounds = [p for p in points if (p["server"], p["batch"], p["concurrency"]) ==
+              (name, batch, concurrency)]  # fmt: skip
+    return {
+        "inputs_per_s": max(p["inputs_per_s"] for p in rounds),
+        "p50_ms": min(p["p50_ms"] for p in rounds),
+        "errors": sum(sum(p["errors"].values()) for p in rounds),
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    ran = result["machine"]
+    lines = [
+        f"Run {result['when']} with `make bench-models` (bench/server/bench_models.py) on "
+        f"{ran.get('Model name')}, {ran.get('usable_cpus')} usable CPUs; the best of "
+        f"{result['rounds']} alternating rounds of {result['seconds']:g} s per point.",
+        "",
+        "XLM-RoBERTa of multilingual-e5-base's shape (random fp32 weights, mean pooling):",
+        "",
+    ]
+    columns = ["server", "ready_s", "1 sentence c=1 p50 ms", "32 x c=8 inputs/s",
+               "32 x c=32 inputs/s", "errors"]  # fmt: skip
+    rows = []
+    for name, started in result["e5-base"]["servers"].items():
+        points = result["e5-base"]["points"]
+        single, eight, many = (best_of(points, name, b, c) for b, c in ((1, 1), (32, 8), (32, 32)))
+        rows.append({
+            "server": name,
+            "ready_s": started.get("ready_seconds"),
+            "1 sentence c=1 p50 ms": single["p50_ms"],
+            "32 x c=8 inputs/s": eight["inputs_per_s"],
+            "32 x c=32 inputs/s": many["inputs_per_s"],
+            "errors": single["errors"] + eight["errors"] + many["errors"],
+        })  # fmt: skip
+    lines += [markdown_table(rows, columns), ""]
+    warmgate = result["e5-base"]["servers"]["warmgate"]
+    lines += [
+        f"warmgate ran the {warmgate['forward']} pass, {warmgate['shapes']} planned shapes "
+        f"warmed in {warmgate['warmup_seconds']} s, resident {warmgate['memory_mib']} MiB.",
+        "",
+    ]
+    if "infinity_error" in result["e5-base"]:
+        lines += [f"Infinity: not measured: `{result['e5-base']['infinity_error'][:600]}`", ""]
+    if "bge-m3" in result:
+        bge = result["bge-m3"]
+        lines += [
+            f"bge-m3's shape (24 layers, 1024 wide, CLS) on warmgate: ready in "
+            f"{bge['ready_seconds']} s ({bge['warmup_seconds']} s of warmup, "
+            f"{bge['shapes']} shapes, {bge['forward']} pass), resident {bge['memory_mib']} MiB.",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    args = parse_args()
+    result: dict[str, Any] = {
+        "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "seconds": args.seconds,
+        "rounds": args.rounds,
+    }
+    e5 = build("e5-base")
+    servers: dict[str, dict[str, Any]] = {}
+    section: dict[str, Any] = {"servers": servers}
+    result["e5-base"] = section
+    warmgate, servers["warmgate"] = start_warmgate(e5)
+    print("warmgate", json.dumps(servers["warmgate"]), flush=True)
+    infinity_process = None
+    try:
+        urls = {"warmgate": (warmgate.url, "/v1/embeddings", None)}
+        if not args.skip_infinity:
+            infinity_process, url, infinity = start_infinity(args, str(e5), "e5", 1800)
+            if infinity_process is None:
+                section["infinity_error"] = infinity["error"]
+            else:
+                servers["infinity"] = {"ready_seconds": infinity["ready_seconds"]}
+                servers["infinity"]["memory_mib"] = memory_of(infinity_process.pid)
+                print("infinity", json.dumps(servers["infinity"]), flush=True)
+                urls["infinity"] = (url, "/embeddings", "e5")
+        section["points"] = load_points(args, urls)
+    finally:
+        if infinity_process is not None and infinity_process.poll() is None:
+            infinity_process.kill()
+            infinity_process.wait(30)
+        warmgate.kill()
+    if not args.skip_bge_m3:
+        server, result["bge-m3"] = start_warmgate(build("bge-m3"))
+        server.kill()
+        print("bge-m3", json.dumps(result["bge-m3"]), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_models.json").write_text(json.dumps(result, indent=2))
+    section_text = render(result)
+    print(section_text)
+    write_doc(Path(args.doc), section_text, BEGIN, END)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
