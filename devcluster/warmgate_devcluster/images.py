@@ -197,7 +197,12 @@ def ensure_built(image: Image, log: Path, say: Callable[[str], None] = print) ->
     say(f"building image {image.name} (log {log})")
     image.build(image, log)
     if image.built_hash() != wanted:
-        raise ImageBuildError(f"{image.name}: built, but without the label {INPUTS_LABEL}")
+        changed = image.input_hash() != wanted
+        raise ImageBuildError(
+            f"{image.name}: built, but without the label {INPUTS_LABEL}"
+            + (": its inputs changed while it was built (files edited meanwhile); run again"
+               if changed else "")
+        )  # fmt: skip
     prune_superseded(build_began, log)
     say(f"built {image.name} in {time.monotonic() - started:.0f}s")
     return wanted
