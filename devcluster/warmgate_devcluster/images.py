@@ -439,7 +439,7 @@ def _model_image(folder: Callable[[], Path]) -> tuple[Callable, Callable]:
     image volume mounts (no entrypoint, no base)."""
 
     def inputs() -> str:
-        digest = hashlib.sha256()
+        digest = hashlib.sha256(b"module folders kept")  # images before it lost 1_Pooling/
         _hash_folder_listing(digest, folder())
         return digest.hexdigest()
 
@@ -447,8 +447,13 @@ def _model_image(folder: Callable[[], Path]) -> tuple[Callable, Callable]:
         container = _new_container(log)
         try:
             source = folder()
-            files = sorted(p for p in source.iterdir() if not p.name.startswith("."))
-            _run(buildah_argv("copy", container, *map(str, files), "/"), log)
+            entries = sorted(p for p in source.iterdir() if not p.name.startswith("."))
+            files = [str(p) for p in entries if not p.is_dir()]
+            _run(buildah_argv("copy", container, *files, "/"), log)
+            # buildah copies a folder's contents, not the folder: each module folder (the
+            # Pooling's 1_Pooling/, Dense modules) goes to its own path.
+            for module in (p for p in entries if p.is_dir()):
+                _run(buildah_argv("copy", container, str(module), f"/{module.name}"), log)
             label = f"{INPUTS_LABEL}={image.input_hash()}"
             _run(buildah_argv("config", "--label", label, container), log)
             _run(buildah_argv("commit", "--rm", container, image.name), log)

@@ -117,8 +117,8 @@ CORPUS: list[tuple[str, Callable[[dict], None], list[str]]] = [
     ),
     (
         "unknown pooling",
-        _set("spec.model.pooling", "max"),
-        ["spec.model.pooling", 'Unsupported value: "max"'],
+        _set("spec.model.pooling", "median"),
+        ["spec.model.pooling", 'Unsupported value: "median"'],
     ),
     (
         "unknown device",
