@@ -171,6 +171,7 @@ def start_infinity(
         return None, "", {"error": error}
     port = 7997 + os.getpid() % 1000
     log_path = Path(args.out) / "infinity.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0",
         "DO_NOT_TRACK": "1",
