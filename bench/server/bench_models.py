@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -78,6 +79,8 @@ def build(shape: str) -> Path:
 
     folder = CACHE.expanduser() / f"xlm-roberta-{shape}"
     if (folder / "modules.json").is_file():
+        if "sentence_transformers.models." not in (folder / "modules.json").read_text():
+            _to_hub_layout(folder)
         return folder
     scratch = folder.with_name(folder.name + ".transformer")
     tokenizer = zoo.FAMILIES["xlm-roberta-mean"].tokenizer()
@@ -96,7 +99,15 @@ def build(shape: str) -> Path:
     for item in scratch.iterdir():
         item.unlink()
     scratch.rmdir()
+    _to_hub_layout(folder)
     return folder
+
+
+def _to_hub_layout(folder: Path) -> None:
+    """The older layout, which Infinity's sentence-transformers (3.x) reads and warmgate reads
+    too (the layout sentence-transformers 6 writes names modules 3.x cannot import)."""
+    family = dataclasses.replace(zoo.FAMILIES["xlm-roberta-mean"], max_seq_length=512)
+    zoo.to_hub_layout(folder, family)
 
 
 def memory_of(pid: int) -> dict[str, float]:
