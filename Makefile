@@ -136,7 +136,7 @@ bench-models: install ## XLM-R of multilingual-e5-base's shape: warmgate vs Infi
 .PHONY: bench-server-infinity
 bench-server-infinity: ## Install Infinity into its own venv (~/.cache/warmgate/infinity-venv) for bench-server
 	$(PYTHON) -m venv $(HOME)/.cache/warmgate/infinity-venv
-	$(HOME)/.cache/warmgate/infinity-venv/bin/pip install --quiet "infinity-emb[server,torch]"
+	$(HOME)/.cache/warmgate/infinity-venv/bin/pip install --quiet "infinity-emb[server,torch]==0.0.78" torch==2.15.0
 
 .PHONY: bench-operator
 bench-operator: ## 200 EmbeddingServices, then a 200-pod gated rollout among 10,000 other pods
