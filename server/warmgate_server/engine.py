@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+SOLO_TOKENS = 1024
+"""The largest shape (rows x sequence length) that runs solo: single requests and small
+batches, whose latency a person waits for; bigger ones are throughput, where the workers side by
+side do as well, and settling them solo too would lengthen the warmup."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,10 @@ class Engine:
         on_fault: Callable[[str, bool], None] = lambda error, hung: None,
         on_success: Callable[[], None] = lambda: None,
         faults: FaultInjector | None = None,
+        solo_threads: int = 0,
     ) -> None:
+        """`solo_threads`: the torch threads of a batch that runs solo, on every worker's
+        cores (0: none does; the scheduler's `solo`)."""
         if config.max_input_length:
             max_input_length, length_source = config.max_input_length, "--max-input-length"
         else:
@@ -121,6 +128,7 @@ class Engine:
         """Decodes OpenAI token ids (tiktoken's) into text; None: ids are the model's own."""
         self.metrics = metrics
         self._model_threads = tuple(model_threads)
+        self._solo_threads = solo_threads if len(self._model_threads) > 1 else 0
         self._tokenizer_pool = tokenizer_pool
         self.policy = policy = ShapePolicy.build(
             config.sequence_buckets,
@@ -143,6 +151,7 @@ class Engine:
             forward_timeout_s=config.forward_timeout,
             on_fault=self._fault(on_fault),
             on_success=on_success,
+            solo=self._runs_solo,
         )
         self._tokenizing = 0
 
@@ -264,10 +273,18 @@ class Engine:
         executor = self._model_threads[worker]
         return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
 
+    def _runs_solo(self, shape: Shape) -> bool:
+        """Small shapes run solo when they are all there is to do (the latency of a lone
+        request: about half on two cores); the warmup settles them that way too."""
+        return self._solo_threads > 0 and shape.tokens <= SOLO_TOKENS
+
     async def _execute(
-        self, batch: list[Sequence[int]], shape: Shape, worker: int = 0
+        self, batch: list[Sequence[int]], shape: Shape, worker: int = 0, solo: bool = False
     ) -> BatchResult:
-        return await self._in_model_thread(self.runner.execute, batch, shape, worker, worker=worker)
+        threads = self._solo_threads if solo else None
+        return await self._in_model_thread(
+            self.runner.execute, batch, shape, worker, True, threads, worker=worker
+        )
 
     async def embed(
         self,
@@ -378,6 +395,8 @@ class Engine:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
+            if self._runs_solo(shape):  # and alone, on every worker's cores
+                runs.append(await self._settle(shape, inputs, 0, rule, solo=True))
             steady = max(steady_seconds(seconds, rule) for seconds in runs)
             spent = time.perf_counter() - shape_started
             count = sum(map(len, runs))
@@ -428,10 +447,15 @@ class Engine:
         )
 
     async def _settle(
-        self, shape: Shape, inputs: list[Sequence[int]], worker: int, rule: SettleRule
+        self,
+        shape: Shape,
+        inputs: list[Sequence[int]],
+        worker: int,
+        rule: SettleRule,
+        solo: bool = False,
     ) -> list[float]:
         seconds: list[float] = []
         while not should_stop(seconds, rule):
-            result = await self._execute(inputs, shape, worker)
+            result = await self._execute(inputs, shape, worker, solo)
             seconds.append(result.seconds)
         return seconds

@@ -302,24 +302,40 @@ class ModelRunner:
         return [ids] * shape.batch_size
 
     def execute(
-        self, batch: Sequence[Sequence[int]], shape: Shape, worker: int = 0, pool: bool = True
+        self,
+        batch: Sequence[Sequence[int]],
+        shape: Shape,
+        worker: int = 0,
+        pool: bool = True,
+        threads: int | None = None,
     ) -> BatchResult:
         """Run one padded batch of `shape` in model worker `worker`'s thread; the first
-        `len(batch)` rows are real inputs. A shape is warm per worker: each thread has its own
-        allocator arena, BLAS buffers and thread team. `pool=False`: the vectors are every real
-        token's last hidden state, the inputs' tokens one after another (/embed_all)."""
+        `len(batch)` rows are real inputs. A shape is warm per worker and thread count: each
+        thread has its own allocator arena, BLAS buffers and thread team, and oneDNN's kernels
+        are chosen per thread count. `pool=False`: the vectors are every real token's last
+        hidden state, the inputs' tokens one after another (/embed_all). `threads`: torch
+        threads for this pass only (a solo batch), else the worker's own."""
         started, cpu_started = time.perf_counter(), time.thread_time()
         graphs = self.graphs
         by_graph = pool and graphs is not None and graphs.has(shape, worker)
-        key = (worker, shape, by_graph)
+        key = (worker, shape, by_graph, threads)
         first_time = key not in self._executed
         if self.faults is not None:
             self.faults.before_forward()
         if by_graph:
             assert graphs is not None
             vectors = graphs.run(batch, shape, worker)
-        else:
+        elif threads is None:
             vectors = self._forward(batch, shape, pool)
+        else:
+            import torch
+
+            own = torch.get_num_threads()
+            torch.set_num_threads(threads)  # this thread's team only (OpenMP's, MKL's local)
+            try:
+                vectors = self._forward(batch, shape, pool)
+            finally:
+                torch.set_num_threads(own)
         self._executed.add(key)
         return BatchResult(
             vectors,

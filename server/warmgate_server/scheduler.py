@@ -24,7 +24,8 @@ from .shapes import ShapePolicy, bucket_for
 
 log = logging.getLogger(__name__)
 
-Execute = Callable[[list[Sequence[int]], Shape, int], Awaitable[BatchResult]]
+Execute = Callable[[list[Sequence[int]], Shape, int, bool], Awaitable[BatchResult]]
+"""Run a batch of a shape on a model worker; the flag: solo, on every worker's cores."""
 """Run a batch as a shape on a model worker (its index)."""
 
 
@@ -107,6 +108,11 @@ class Scheduler:
     """Called with (what went wrong, hung) for each failed or hung batch."""
     on_success: Callable[[], None] = lambda: None
     """Called for each batch that ran."""
+    solo: Callable[[Shape], bool] = lambda shape: False
+    """Whether a batch of this shape may run solo: when it is all there is to do (no other
+    batch running, nothing queued or being tokenized) it gets every worker's cores, and no
+    other batch starts until it is done. A lone small request then takes half the time on two
+    cores, while under load the workers still run side by side."""
     _pending: dict[int, deque[_Item]] = field(default_factory=dict)
     _arrival: asyncio.Event = field(default_factory=asyncio.Event)
     _order: itertools.count = field(default_factory=itertools.count)
@@ -115,6 +121,7 @@ class Scheduler:
     _worker_freed: asyncio.Event = field(default_factory=asyncio.Event)
     _running: set[asyncio.Task[None]] = field(default_factory=set)
     _active: int = 0
+    _solo: bool = False
     served: Counter[Shape] = field(default_factory=Counter)
     """Shapes run for requests (warmup excluded), with counts: the /warmup/profile."""
 
@@ -220,7 +227,7 @@ class Scheduler:
         self._free = list(range(self.workers - 1, -1, -1))  # pop() hands out worker 0 first
         try:
             while True:
-                if not self._free:
+                if not self._free or self._solo:
                     self._worker_freed.clear()
                     await self._worker_freed.wait()
                     continue
@@ -240,35 +247,46 @@ class Scheduler:
                         continue
                 batch = self._take(bucket)
                 if batch:
-                    self._start(batch, self._free.pop())
+                    self._start(batch, self._free.pop(), self._alone(batch))
         finally:
             for task in self._running:
                 task.cancel()
             if self._running:
                 await asyncio.gather(*self._running, return_exceptions=True)
 
-    def _start(self, batch: list[_Item], worker: int) -> None:
-        task = asyncio.create_task(self._run_on(batch, worker))
+    def _alone(self, batch: list[_Item]) -> bool:
+        """Whether `batch` runs solo: nothing else running, queued or being tokenized, and a
+        shape that may."""
+        if self._active or self._queued or self.more_coming():
+            return False
+        return self.solo(self.policy.shape_for(len(batch), max(item.bucket for item in batch)))
+
+    def _start(self, batch: list[_Item], worker: int, solo: bool = False) -> None:
+        # Counted before the task first runs, so the loop's next choice already sees it.
+        self._active += 1
+        self._solo = solo  # when solo, the loop starts nothing else until it ends
+        task = asyncio.create_task(self._run_on(batch, worker, solo))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
-    async def _run_on(self, batch: list[_Item], worker: int) -> None:
-        self._active += 1
+    async def _run_on(self, batch: list[_Item], worker: int, solo: bool = False) -> None:
         try:
-            await self._run_batch(batch, worker)
+            await self._run_batch(batch, worker, solo)
         finally:
             # Before any awaiting request resumes: a caller that got its vectors sees the
             # worker free and, with nothing queued, the scheduler idle.
             self._active -= 1
+            if solo:
+                self._solo = False
             self._free.append(worker)
             self._worker_freed.set()
 
-    async def _run_batch(self, batch: list[_Item], worker: int = 0) -> None:
+    async def _run_batch(self, batch: list[_Item], worker: int = 0, solo: bool = False) -> None:
         bucket = max(item.bucket for item in batch)  # the smallest bucket that holds them all
         shape = self.policy.shape_for(len(batch), bucket)
         started = time.monotonic()
         running = asyncio.ensure_future(
-            self.execute([item.token_ids for item in batch], shape, worker)
+            self.execute([item.token_ids for item in batch], shape, worker, solo)
         )
         try:
             result = await asyncio.wait_for(asyncio.shield(running), self.forward_timeout_s)

@@ -55,3 +55,29 @@ def test_variable_length_attention_gives_the_padded_passs_vectors(
         np.linalg.norm(vectors, axis=1) * np.linalg.norm(reference, axis=1)
     )
     assert cosine.min() >= 0.99999
+
+
+def test_onednn_linear_layers_give_mkls_states(minilm_dir, loaded_minilm, monkeypatch) -> None:
+    """On a CPU in fp32 the linear layers run through oneDNN on reordered weights, the GELU
+    fused; WARMGATE_ONEDNN=0 keeps torch's plain linear (MKL). Both give the same states, in
+    the padding-free pass and the static (padded) one."""
+    onednn = PackedBert.from_folder(minilm_dir, torch.float32)
+    monkeypatch.setenv("WARMGATE_ONEDNN", "0")
+    plain = PackedBert.from_folder(minilm_dir, torch.float32)
+    assert onednn.onednn and not plain.onednn
+    token_lists = loaded_minilm.tokenizer(TEXTS)["input_ids"]
+    ids = torch.zeros(3, 32, dtype=torch.int64)
+    mask = torch.zeros(3, 32, dtype=torch.int64)
+    for row, tokens in enumerate(token_lists):
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        mask[row, : len(tokens)] = 1
+    with torch.inference_mode():
+        for pooling in ("mean", "cls"):
+            expected = pooled(plain, token_lists, 32, 4, pooling)
+            torch.testing.assert_close(
+                pooled(onednn, token_lists, 32, 4, pooling), expected, atol=2e-5, rtol=1e-4
+            )
+        states = onednn.dense(ids, mask)[mask.bool()]
+        torch.testing.assert_close(
+            states, plain.dense(ids, mask)[mask.bool()], atol=2e-5, rtol=1e-4
+        )

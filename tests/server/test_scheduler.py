@@ -26,9 +26,13 @@ def make_scheduler(
     plan = plan_warmup([1, 4], [16, 32], 1024, 8).shapes
     ran: list[tuple[Shape, int]] = []
     spans: list[tuple[int, float, float]] = []  # (worker, started, ended)
+    solos: list[bool] = []  # per batch run, whether it ran solo
 
-    async def execute(batch: list[Sequence[int]], shape: Shape, worker: int) -> BatchResult:
+    async def execute(
+        batch: list[Sequence[int]], shape: Shape, worker: int, solo: bool = False
+    ) -> BatchResult:
         ran.append((shape, len(batch)))
+        solos.append(solo)
         started = time.monotonic()
         await asyncio.sleep(seconds)
         spans.append((worker, started, time.monotonic()))
@@ -40,6 +44,7 @@ def make_scheduler(
         policy, execute, Metrics(), max_wait_s, max_queued_inputs=64, workers=workers
     )
     scheduler.spans = spans  # type: ignore[attr-defined]
+    scheduler.solos = solos  # type: ignore[attr-defined]
     return scheduler, ran
 
 
@@ -150,3 +155,37 @@ async def test_two_workers_run_two_batches_at_once_and_one_worker_runs_them_in_t
             assert scheduler.idle
         finally:
             loop_task.cancel()
+
+
+async def test_a_lone_small_batch_runs_solo_and_nothing_starts_beside_it() -> None:
+    """A solo batch gets every worker's cores (the engine's threads); under load the workers
+    run side by side again, and a batch that arrives during a solo one waits for it."""
+    scheduler, ran = make_scheduler(workers=2, seconds=0.1)
+    scheduler.more_coming = lambda: False
+    scheduler.solo = lambda shape: shape.tokens <= 16  # 1x16 may run solo, 4x16 may not
+    loop_task = asyncio.create_task(scheduler.run())
+    try:
+        # One lone input: solo.
+        await scheduler.submit([ids(1, 8)])
+        # A lone input, then another while it runs: the second waits for the solo one.
+        first = asyncio.create_task(scheduler.submit([ids(2, 8)]))
+        await asyncio.sleep(0.03)
+        second = asyncio.create_task(scheduler.submit([ids(3, 8)]))
+        await asyncio.gather(first, second)
+
+        # A batch of a shape that may not run solo, and a lone input while it runs: the
+        # lone one runs beside it on the other worker, not solo.
+        async def lone_later() -> None:
+            await asyncio.sleep(0.03)
+            await scheduler.submit([ids(9, 8)])
+
+        await asyncio.gather(scheduler.submit([ids(4, 8) for _ in range(4)]), lone_later())
+        solos = scheduler.solos  # type: ignore[attr-defined]
+        spans = scheduler.spans  # type: ignore[attr-defined]
+        assert ran == [(Shape(1, 16), 1)] * 3 + [(Shape(4, 16), 4), (Shape(1, 16), 1)]
+        # The input that arrived during a solo batch waited for it, then ran solo itself.
+        assert solos == [True, True, True, False, False]
+        assert not overlapping(spans[:3]) and overlapping(spans[3:])
+        assert scheduler.idle
+    finally:
+        loop_task.cancel()

@@ -32,3 +32,7 @@ def test_warmup_of_a_shape_ends_settled_at_the_run_cap_or_at_the_time_cap() -> N
     assert not should_stop([200.0], RULE)
     assert not should_stop([60.0, 1.0, 50.0], RULE)
     assert should_stop([60.0, 1.0, 50.0, 1.0], RULE)
+    # Warm runs that alone took the time cap: a pass that long has nothing left to settle.
+    assert should_stop([130.0, 120.0], RULE)
+    assert not should_stop([130.0, 99.0], RULE)
+    assert should_stop([130.0, 99.0, 2.0], RULE)
