@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_server import REPO, machine, start_infinity, write_doc
+from cpu_ceiling import ceiling
 from loadgen import closed_loop, markdown_table
 
 from warmgate_server import zoo
@@ -63,6 +64,13 @@ SENTENCES = [
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=20.0, help="per load point")
+    parser.add_argument(
+        "--seconds-many",
+        type=float,
+        default=150.0,
+        help="for 32 clients x 32 inputs, where one request waits about a minute: long enough "
+        "for each client to send several (a short point measures one burst and its tail)",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="alternations per load point")
     parser.add_argument("--skip-infinity", action="store_true")
     parser.add_argument("--skip-bge-m3", action="store_true")
@@ -142,11 +150,12 @@ def load_points(
     points = []
     cases = [(SENTENCES[:1], 1), ((SENTENCES * 4)[:32], 8), ((SENTENCES * 4)[:32], 32)]
     for batch, concurrency in cases:
+        seconds = args.seconds_many if concurrency == 32 else args.seconds
         for round_index in range(args.rounds):
             order = list(servers) if round_index % 2 == 0 else list(reversed(servers))
             for name in order:
                 url, path, model = servers[name]
-                point = asyncio.run(closed_loop(url, concurrency, batch, args.seconds, path, model))
+                point = asyncio.run(closed_loop(url, concurrency, batch, seconds, path, model))
                 point.update(server=name, round=round_index, load=round(os.getloadavg()[0], 1))
                 points.append(point)
                 print(json.dumps(point), flush=True)
@@ -168,7 +177,8 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"Run {result['when']} with `make bench-models` (bench/server/bench_models.py) on "
         f"{ran.get('Model name')}, {ran.get('usable_cpus')} usable CPUs; the best of "
-        f"{result['rounds']} alternating rounds of {result['seconds']:g} s per point.",
+        f"{result['rounds']} alternating rounds of {result['seconds']:g} s per point "
+        f"({result.get('seconds_many', result['seconds']):g} s at 32 clients).",
         "",
         "XLM-RoBERTa of multilingual-e5-base's shape (random fp32 weights, mean pooling):",
         "",
@@ -196,6 +206,21 @@ def render(result: dict[str, Any]) -> str:
     ]
     if "infinity_error" in result["e5-base"]:
         lines += [f"Infinity: not measured: `{result['e5-base']['infinity_error'][:600]}`", ""]
+    if "ceiling" in result:
+        top = result["ceiling"]
+        lines += [
+            "The CPU's ceiling (bench/server/cpu_ceiling.py: the linear layers' matrix "
+            f"multiplications alone, {top['mflop_per_token']} MFLOP per token, at a batch's "
+            "size): "
+            + "; ".join(
+                f"{key.replace('_', ' ')}: {value['gflop_per_s']} GFLOP/s, at most "
+                f"{value['inputs_per_s_ceiling']} inputs/s"
+                for key, value in top.items()
+                if isinstance(value, dict)
+            )
+            + ".",
+            "",
+        ]
     if "bge-m3" in result:
         bge = result["bge-m3"]
         lines += [
@@ -213,6 +238,7 @@ def main() -> int:
         "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
         "seconds": args.seconds,
+        "seconds_many": args.seconds_many,
         "rounds": args.rounds,
     }
     e5 = build("e5-base")
@@ -243,6 +269,7 @@ def main() -> int:
         server, result["bge-m3"] = start_warmgate(build("bge-m3"))
         server.kill()
         print("bge-m3", json.dumps(result["bge-m3"]), flush=True)
+    result["ceiling"] = ceiling()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_models.json").write_text(json.dumps(result, indent=2))

@@ -199,13 +199,13 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
 
 
 def _load_tokenizer(config: ServerConfig, path: Path) -> Any:
-    """A BERT tokenizer straight from tokenizer.json when it encodes as transformers would
-    (tokenizer.py: no transformers import, about a second of CPU less per start), else
+    """A BERT or XLM-R tokenizer straight from tokenizer.json when it encodes as transformers
+    would (tokenizer.py: no transformers import, a second or more of CPU less per start), else
     transformers' AutoTokenizer."""
-    from .tokenizer import BertTokenizer
+    from .tokenizer import load_fast
 
     try:
-        return BertTokenizer.from_folder(path)
+        return load_fast(path)
     except Exception as exc:  # not a BERT tokenizer, or one `tokenizers` cannot read
         log.info("tokenizer through transformers (%s: %s)", type(exc).__name__, exc)
     from transformers import AutoTokenizer

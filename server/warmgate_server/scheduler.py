@@ -247,7 +247,12 @@ class Scheduler:
                         continue
                 batch = self._take(bucket)
                 if batch:
-                    self._start(batch, self._free.pop(), self._alone(batch))
+                    solo = self._alone(batch)
+                    if solo:  # always worker 0: the one whose thread the warmup ran solo
+                        self._free.remove(0)
+                        self._start(batch, 0, solo=True)
+                    else:
+                        self._start(batch, self._free.pop())
         finally:
             for task in self._running:
                 task.cancel()

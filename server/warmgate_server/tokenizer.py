@@ -1,28 +1,49 @@
-"""BERT tokenizers straight from `tokenizer.json`, without importing transformers.
+"""BERT and XLM-RoBERTa tokenizers straight from `tokenizer.json`, without importing
+transformers.
 
-`transformers.AutoTokenizer` costs about a second of CPU per process start just to import, and
-the packed forward pass (packed.py) already runs BERT-family models without transformers. For a
-BERT tokenizer (WordPiece, BertNormalizer, the [CLS] ... [SEP] template) `tokenizer.json` holds
+`transformers.AutoTokenizer` costs a second or more of CPU per process start just to import
+(and, for a 250,000-piece XLM-R vocabulary, to rebuild the tokenizer from a Python list), while
+the packed forward pass (packed.py) already runs BERT-family models without transformers.
+
+BERT (WordPiece, BertNormalizer, the [CLS] ... [SEP] template): `tokenizer.json` holds
 everything: the `tokenizers` library encodes exactly as transformers' fast tokenizer does once
 the file's own truncation and padding are switched off (transformers switches them off for a
-call without truncation or padding, as the server's are).
-
-Only folders where the two would agree are taken; for anything else `from_folder` raises
-ValueError saying why, and the server loads `AutoTokenizer` instead:
+call without truncation or padding, as the server's are). Only folders where the two agree are
+taken:
 - `tokenizer_class` BertTokenizer or BertTokenizerFast, with a `tokenizer.json`;
 - the normalizer's `lowercase`, `strip_accents` and `handle_chinese_chars` equal to
   `do_lower_case`, `strip_accents` and `tokenize_chinese_chars` in `tokenizer_config.json`
   (BertTokenizerFast rebuilds the normalizer from the config when they differ);
 - every added token of `tokenizer_config.json` already in `tokenizer.json`.
+
+XLM-RoBERTa (bge-m3, multilingual-e5, KURE, arctic-embed-l-v2.0): transformers 5 does not run
+the file's pipeline; it rebuilds one from the file's Unigram pieces and SentencePiece character
+map (`XLMRobertaTokenizer.__init__`): that map as the only normalizer, whitespace split then
+Metaspace (its prefix space from `add_prefix_space`), `<s> ... </s>`, the unknown piece at id
+3, the special tokens of `tokenizer_config.json` added with their flags. `XLMRobertaTokenizer`
+here builds the same from the same parts, taken only where that is all there is: a Unigram
+model whose first four pieces are `<s> <pad> </s> <unk>`, every added or special token already
+a piece, no `special_tokens_map.json` that says otherwise. tests/server/test_tokenizer.py
+compares both with transformers' on multilingual text, so a transformers release that builds
+differently fails there.
+
+For anything else `from_folder` raises ValueError saying why, and the server loads
+`AutoTokenizer` instead.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
 
 BERT_CLASSES = ("BertTokenizer", "BertTokenizerFast")
+XLMR_CLASSES = ("XLMRobertaTokenizer", "XLMRobertaTokenizerFast")
+XLMR_FIRST_PIECES = ["<s>", "<pad>", "</s>", "<unk>"]
+# XLMRobertaTokenizer's special tokens and their defaults (its __init__'s).
+XLMR_SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "cls_token": "<s>",
+                 "unk_token": "<unk>", "pad_token": "<pad>", "mask_token": "<mask>"}  # fmt: skip
 BERT_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
 NO_LIMIT = int(1e30)  # transformers' VERY_LARGE_INTEGER: no model_max_length configured
 
@@ -35,9 +56,13 @@ def _token_text(value: Any) -> str | None:
 
 
 class BertTokenizer:
-    """The part of transformers' tokenizer interface the server uses: `__call__` with special
+    """A tokenizer without transformers (BERT's; XLM-R's through the subclass). The part of
+    transformers' tokenizer interface the server uses: `__call__` with special
     tokens, their mask and offsets, `len()`, `convert_ids_to_tokens`, `batch_decode`,
     `pad_token_id`, `cls_token_id`, `model_max_length` and `model_input_names`."""
+
+    input_names = BERT_INPUT_NAMES
+    """`model_input_names` when tokenizer_config.json names none (the class's own)."""
 
     def __init__(self, tokenizer: Any, config: dict[str, Any]) -> None:
         self._tokenizer = tokenizer
@@ -47,7 +72,7 @@ class BertTokenizer:
         self.cls_token_id = self._id(config.get("cls_token"))
         max_length = config.get("model_max_length", NO_LIMIT)
         self.model_max_length = int(max_length) if isinstance(max_length, int | float) else NO_LIMIT
-        self.model_input_names = list(config.get("model_input_names") or BERT_INPUT_NAMES)
+        self.model_input_names = list(config.get("model_input_names") or self.input_names)
 
     def _id(self, token: Any) -> int | None:
         text = _token_text(token)
@@ -107,3 +132,117 @@ class BertTokenizer:
 
     def batch_decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
         return self._tokenizer.decode_batch(ids, skip_special_tokens=skip_special_tokens)
+
+
+class XLMRobertaTokenizer(BertTokenizer):
+    """XLM-RoBERTa's tokenizer, built as transformers 5's XLMRobertaTokenizer builds it."""
+
+    input_names = ["input_ids", "attention_mask"]
+
+    @classmethod
+    def from_folder(cls, path: Path) -> XLMRobertaTokenizer:
+        config_file, tokenizer_file = path / "tokenizer_config.json", path / "tokenizer.json"
+        if not config_file.is_file() or not tokenizer_file.is_file():
+            raise ValueError("no tokenizer.json and tokenizer_config.json")
+        config = json.loads(config_file.read_text())
+        if config.get("tokenizer_class") not in XLMR_CLASSES:
+            raise ValueError(f"tokenizer_class {config.get('tokenizer_class')!r} is not XLM-R's")
+        special_map = path / "special_tokens_map.json"
+        if special_map.is_file():
+            for key, value in json.loads(special_map.read_text()).items():
+                configured = config.get(key, XLMR_SPECIALS.get(key))
+                if key not in XLMR_SPECIALS or _token_text(value) != _token_text(configured):
+                    raise ValueError(f"special_tokens_map.json's {key} differs")
+        spec = json.loads(tokenizer_file.read_text())
+        model = spec.get("model") or {}
+        if model.get("type") != "Unigram":
+            raise ValueError(f"model {model.get('type')!r} is not Unigram")
+        vocab = [(str(piece), float(score)) for piece, score in model.get("vocab") or []]
+        if [piece for piece, _score in vocab[:4]] != XLMR_FIRST_PIECES:
+            raise ValueError("the first pieces are not <s> <pad> </s> <unk>")
+        pieces = {piece for piece, _score in vocab}
+        specials = {key: config.get(key, default) for key, default in XLMR_SPECIALS.items()}
+        added = [*(config.get("added_tokens_decoder") or {}).values(), *specials.values()]
+        for token in [*added, *(spec.get("added_tokens") or [])]:
+            if _token_text(token) not in pieces:
+                raise ValueError(f"added token {_token_text(token)!r} is not a piece")
+        return cls(_xlmr_backend(vocab, spec, config, specials), config)
+
+
+def _xlmr_backend(
+    vocab: list[tuple[str, float]],
+    spec: dict[str, Any],
+    config: dict[str, Any],
+    specials: dict[str, Any],
+) -> Any:
+    """The `tokenizers.Tokenizer` that transformers 5's XLMRobertaTokenizer builds."""
+    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import Unigram
+
+    tokenizer = Tokenizer(Unigram(vocab=vocab, unk_id=3, byte_fallback=False))
+    charsmap = _precompiled_charsmap(spec.get("normalizer"))
+    if charsmap is not None:
+        tokenizer.normalizer = normalizers.Precompiled(base64.b64decode(charsmap))
+    prepend = "always" if config.get("add_prefix_space", True) else "never"
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend),
+        ]
+    )
+    tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)
+    # The config's added tokens in id order, then the special tokens not among them.
+    decoder = config.get("added_tokens_decoder") or {}
+    tokens = [
+        _added_token(AddedToken, token)
+        for _index, token in sorted(decoder.items(), key=lambda item: int(item[0]))
+    ]
+    named = {_token_text(token) for token in specials.values()}
+    for token in specials.values():
+        if _token_text(token) not in {str(known) for known in tokens}:
+            tokens.append(_added_token(AddedToken, token))
+    for token in tokens:
+        if str(token) in named:
+            token.special = True
+    tokenizer.add_tokens([token for token in tokens if not token.special])
+    tokenizer.add_special_tokens([token for token in tokens if token.special])
+    bos, eos = _token_text(specials["bos_token"]), _token_text(specials["eos_token"])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=[bos, "$A", eos],
+        pair=[bos, "$A", eos, eos, "$B", eos],
+        special_tokens=[(bos, tokenizer.token_to_id(bos)), (eos, tokenizer.token_to_id(eos))],
+    )
+    return tokenizer
+
+
+def _precompiled_charsmap(normalizer: dict[str, Any] | None) -> str | None:
+    """The SentencePiece character map of a Precompiled normalizer (alone or in a Sequence)."""
+    if not normalizer:
+        return None
+    found = normalizer.get("normalizers") if normalizer.get("type") == "Sequence" else [normalizer]
+    for item in found or []:
+        if item.get("type") == "Precompiled" and item.get("precompiled_charsmap"):
+            return item["precompiled_charsmap"]
+    return None
+
+
+def _added_token(cls: Any, token: Any) -> Any:
+    """An AddedToken from tokenizer_config.json's form: a string (special) or its fields."""
+    if isinstance(token, dict):
+        flags = ("single_word", "lstrip", "rstrip", "normalized", "special")
+        return cls(token["content"], **{key: token[key] for key in flags if key in token})
+    return cls(str(token), special=True)
+
+
+def load_fast(path: Path) -> BertTokenizer:
+    """The folder's tokenizer without transformers (BERT's or XLM-R's), or ValueError saying
+    why not."""
+    try:
+        tokenizer_class = json.loads((path / "tokenizer_config.json").read_text()).get(
+            "tokenizer_class"
+        )
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read tokenizer_config.json: {exc}") from None
+    if tokenizer_class in XLMR_CLASSES:
+        return XLMRobertaTokenizer.from_folder(path)
+    return BertTokenizer.from_folder(path)

@@ -154,6 +154,15 @@ def _tokenizer_xlmr() -> Any:
     return XLMRobertaTokenizer(vocab=_unigram(["<s>", "<pad>", "</s>", "<unk>", "<mask>"]))
 
 
+def _tokenizer_camembert() -> Any:
+    """CamemBERT's: SentencePiece Unigram with fairseq's unused pieces first, as camembert-base
+    has them (<s> and </s> are later pieces than their NOTUSED twins)."""
+    from transformers import CamembertTokenizer
+
+    specials = ["<s>NOTUSED", "<pad>", "</s>NOTUSED", "<unk>", "<unk>NOTUSED", "<s>", "</s>"]
+    return CamembertTokenizer(vocab=_unigram([*specials, "<mask>"]))
+
+
 def _tokenizer_roberta() -> Any:
     from transformers import RobertaTokenizer
 
@@ -266,6 +275,10 @@ def _bert(tokenizer: Any) -> Any:
 def _xlmr(tokenizer: Any) -> Any:
     # 66 positions: 64 usable after the pad_token_id + 1 offset, as 514 are for 512.
     return _config("XLMRobertaConfig", tokenizer, max_position_embeddings=66, type_vocab_size=1)
+
+
+def _camembert(tokenizer: Any) -> Any:
+    return _config("CamembertConfig", tokenizer, max_position_embeddings=66, type_vocab_size=1)
 
 
 def _roberta(tokenizer: Any) -> Any:
@@ -390,6 +403,16 @@ FAMILIES: dict[str, Family] = {
             hub_models=(
                 "jhgan/ko-sroberta-multitask",
                 "ibm-granite/granite-embedding-125m-english",
+            ),
+        ),
+        Family(
+            "camembert",
+            _tokenizer_camembert,
+            _camembert,
+            packed=True,
+            hub_models=(
+                "dangvantuan/sentence-camembert-base",
+                "Lajavaness/sentence-camembert-large",
             ),
         ),
         Family(
@@ -651,3 +674,124 @@ def build_custom_code(root: Path, builtin_type: str | None = None) -> Path:
         saved.update(intermediate_size=128, max_position_embeddings=128)
     (folder / "config.json").write_text(json.dumps(saved, indent=2))
     return folder
+
+
+def _protobuf_fields(data: bytes) -> list[tuple[int, int, Any]]:
+    """(field number, wire type, value) of one protobuf message, top level only: enough to
+    read a SentencePiece model's character map without the protobuf library."""
+    fields, position = [], 0
+
+    def varint() -> int:
+        nonlocal position
+        value = shift = 0
+        while True:
+            byte = data[position]
+            position += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    while position < len(data):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            fields.append((number, wire, varint()))
+        elif wire == 1:
+            fields.append((number, wire, data[position : position + 8]))
+            position += 8
+        elif wire == 2:
+            size = varint()
+            fields.append((number, wire, data[position : position + size]))
+            position += size
+        elif wire == 5:
+            fields.append((number, wire, data[position : position + 4]))
+            position += 4
+        else:
+            raise ValueError(f"protobuf wire type {wire}")
+    return fields
+
+
+def write_hub_xlmr_tokenizer(folder: Path, seed_text: list[str] | None = None) -> None:
+    """An XLM-R tokenizer as the hub's multilingual models carry it (xlm-roberta-base, bge-m3,
+    multilingual-e5): a SentencePiece Unigram model (trained here with its nmt_nfkc
+    normalization, which needs the `sentencepiece` package), converted as transformers 4 did
+    (fairseq's ids: <s> <pad> </s> <unk>, then the pieces, <mask> last; normalizer: the
+    precompiled character map and a collapse of repeated spaces; pre-tokenizer: Metaspace), with
+    tokenizer_config.json and special_tokens_map.json naming <mask> with lstrip, as theirs do.
+    Written into `folder`, over any tokenizer files there."""
+    import base64
+    import tempfile
+
+    import sentencepiece
+
+    with tempfile.TemporaryDirectory() as scratch:
+        text = Path(scratch) / "corpus.txt"
+        text.write_text("\n".join(seed_text or corpus()))
+        sentencepiece.SentencePieceTrainer.train(
+            input=str(text), model_prefix=f"{scratch}/sp", vocab_size=VOCAB_SIZE // 2,
+            hard_vocab_limit=False, model_type="unigram", normalization_rule_name="nmt_nfkc",
+            character_coverage=1.0, bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2,
+        )  # fmt: skip
+        proto = Path(f"{scratch}/sp.model").read_bytes()
+        processor = sentencepiece.SentencePieceProcessor(model_file=f"{scratch}/sp.model")
+    normalizer_spec = next(value for number, _wire, value in _protobuf_fields(proto) if number == 3)
+    charsmap = next(v for n, _w, v in _protobuf_fields(normalizer_spec) if n == 2)
+    pieces = [
+        [processor.id_to_piece(index), processor.get_score(index)]
+        for index in range(1, processor.get_piece_size())  # 0 is SentencePiece's <unk>
+    ]
+    vocab = [["<s>", 0.0], ["<pad>", 0.0], ["</s>", 0.0], ["<unk>", 0.0], *pieces, ["<mask>", 0.0]]
+    mask_id = len(vocab) - 1
+
+    def added(index: int, content: str, lstrip: bool = False) -> dict[str, Any]:
+        return {"id": index, "content": content, "single_word": False, "lstrip": lstrip,
+                "rstrip": False, "normalized": False, "special": True}  # fmt: skip
+
+    specials = [added(0, "<s>"), added(1, "<pad>"), added(2, "</s>"), added(3, "<unk>"),
+                added(mask_id, "<mask>", lstrip=True)]  # fmt: skip
+    template = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                   {"Sequence": {"id": "A", "type_id": 0}},
+                   {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                 {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": "</s>", "type_id": 0}},
+                 {"SpecialToken": {"id": "</s>", "type_id": 0}},
+                 {"Sequence": {"id": "B", "type_id": 0}},
+                 {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]},
+                           "</s>": {"id": "</s>", "ids": [2], "tokens": ["</s>"]}},
+    }  # fmt: skip
+    spec = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": specials,
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(charsmap).decode()},
+            {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "},
+        ]},
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581",
+                          "prepend_scheme": "always", "split": True},
+        "post_processor": template,
+        "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                    "split": True},
+        "model": {"type": "Unigram", "unk_id": 3, "vocab": vocab, "byte_fallback": False},
+    }  # fmt: skip
+    mask = {"content": "<mask>", "lstrip": True, "normalized": False, "rstrip": False,
+            "single_word": False, "special": True}  # fmt: skip
+    names = {"bos_token": "<s>", "cls_token": "<s>", "eos_token": "</s>", "mask_token": mask,
+             "pad_token": "<pad>", "sep_token": "</s>", "unk_token": "<unk>"}  # fmt: skip
+    decoder = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in specials}
+    config = {
+        **names,
+        "mask_token": {"__type": "AddedToken", **mask},  # transformers 4's way of writing it
+        "model_max_length": 512,
+        "tokenizer_class": "XLMRobertaTokenizer",
+        "added_tokens_decoder": decoder,
+    }
+    for stale in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / stale).unlink(missing_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (folder / "special_tokens_map.json").write_text(json.dumps(names, indent=2))

@@ -186,6 +186,11 @@ async def test_a_lone_small_batch_runs_solo_and_nothing_starts_beside_it() -> No
         # The input that arrived during a solo batch waited for it, then ran solo itself.
         assert solos == [True, True, True, False, False]
         assert not overlapping(spans[:3]) and overlapping(spans[3:])
+        # After the side-by-side pair (worker 1's batch ending last or not), solo runs on
+        # worker 0, the one the warmup ran solo.
+        await scheduler.submit([ids(10, 8)])
+        assert solos[-1] and spans[-1][0] == 0
+        assert [worker for worker, _start, _end in spans[:3]] == [0, 0, 0]
         assert scheduler.idle
     finally:
         loop_task.cancel()

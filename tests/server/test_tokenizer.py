@@ -118,3 +118,121 @@ def test_a_packed_bert_server_process_never_imports_transformers(minilm_dir) -> 
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# XLM-RoBERTa: the tokenizer transformers 5 rebuilds from tokenizer.json's parts, built the same
+# way without it (bge-m3, multilingual-e5, KURE). Texts with what SentencePiece's normalization
+# and the Metaspace split act on: full-width letters, runs of spaces, tabs, <mask> after a space.
+XLMR_TEXTS = [
+    *TEXTS,
+    # full-width letters, digits and a hyphen; a ligature; circled digits
+    "\uff46\uff55\uff4c\uff4c\uff0d\uff57\uff49\uff44\uff54\uff48"
+    " \uff21\uff22\uff23 \uff11\uff12\uff13"
+    " and \ufb01 ligatures \u2460\u2461",
+    "샘플 문장입니다   with  runs of\tspaces\u3000and an ideographic one",
+    "query: 東京の天気はどうですか <mask> and<mask>here </s> <s>",
+    "Ceci est une phrase en français, avec des accents: é è ê ë.",
+]
+
+
+def xlmr_folders(tmp_path_factory) -> dict[str, object]:
+    from warmgate_server import zoo
+
+    root = tmp_path_factory.mktemp("xlmr-tokenizers")
+    folders = {layout: zoo.build("xlm-roberta-mean", layout, root) for layout in zoo.LAYOUTS}
+    hub = root / "sentencepiece"
+    zoo.write_hub_xlmr_tokenizer(hub)
+    folders["sentencepiece"] = hub
+    return folders
+
+
+@pytest.fixture(scope="module")
+def xlmr(tmp_path_factory):
+    return xlmr_folders(tmp_path_factory)
+
+
+@pytest.mark.parametrize("kind", ["current", "hub", "sentencepiece"])
+def test_xlm_roberta_tokenizer_encodes_and_decodes_as_transformers(xlmr, kind) -> None:
+    """The zoo's XLM-R tokenizer in both layouts, and one as the hub's models carry it (a
+    SentencePiece model with its NFKC character map, converted by transformers 4)."""
+    from transformers import AutoTokenizer
+
+    from warmgate_server.tokenizer import XLMRobertaTokenizer, load_fast
+
+    folder = xlmr[kind]
+    direct, reference = load_fast(folder), AutoTokenizer.from_pretrained(str(folder))
+    assert isinstance(direct, XLMRobertaTokenizer)
+    ours = direct(XLMR_TEXTS, return_special_tokens_mask=True, return_offsets_mapping=True)
+    theirs = reference(
+        XLMR_TEXTS, return_special_tokens_mask=True, return_offsets_mapping=True, verbose=False
+    )
+    assert ours["input_ids"] == theirs["input_ids"]
+    assert ours["special_tokens_mask"] == theirs["special_tokens_mask"]
+    assert ours["offset_mapping"] == [list(map(tuple, row)) for row in theirs["offset_mapping"]]
+    # The test can fail: the texts are not all unknown pieces, and the normalization acts.
+    assert len({tuple(ids) for ids in ours["input_ids"]}) == len(XLMR_TEXTS) - 1  # "" == "   "
+    assert direct.batch_decode(ours["input_ids"]) == reference.batch_decode(
+        theirs["input_ids"], skip_special_tokens=True
+    )
+    assert direct.convert_ids_to_tokens(ours["input_ids"][3]) == reference.convert_ids_to_tokens(
+        theirs["input_ids"][3]
+    )
+    for name in ("pad_token_id", "cls_token_id", "model_max_length", "model_input_names"):
+        assert getattr(direct, name) == getattr(reference, name), name
+    assert len(direct) == len(reference)
+    if kind == "sentencepiece":  # NFKC: full-width letters become ASCII ones
+        first = direct(["\uff46\uff55\uff4c\uff4c"])["input_ids"][0]
+        assert first == direct(["full"])["input_ids"][0]
+
+
+def rewrite(folder, tmp_path, name, change):
+    copy = tmp_path / "model"
+    shutil.copytree(folder, copy)
+    path = copy / name
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "reason"),
+    [
+        ("tokenizer.json", lambda d: d["model"]["vocab"].insert(0, ["<x>", 0.0]), "first pieces"),
+        ("tokenizer.json", lambda d: d["model"].update(type="BPE"), "is not Unigram"),
+        (
+            "tokenizer_config.json",
+            lambda d: d["added_tokens_decoder"].update({"999": {"content": "<new>"}}),
+            "'<new>' is not a",
+        ),
+        ("special_tokens_map.json", lambda d: d.update(pad_token="<unk>"), "pad_token differs"),
+    ],
+)
+def test_xlm_roberta_folders_transformers_could_build_otherwise_are_refused(
+    xlmr, tmp_path, name, change, reason
+) -> None:
+    from warmgate_server.tokenizer import load_fast
+
+    with pytest.raises(ValueError, match=reason):
+        load_fast(rewrite(xlmr["sentencepiece"], tmp_path, name, change))
+
+
+def test_a_packed_xlm_roberta_server_process_never_imports_transformers(xlmr) -> None:
+    """bge-m3's and multilingual-e5's path on a CPU: packed pass, tokenizer without
+    transformers (its import, and rebuilding a 250,000-piece tokenizer, cost every pod start)."""
+    folder = xlmr["current"]
+    script = (
+        "import sys\n"
+        "from warmgate_server.config import parse_config\n"
+        "from warmgate_server.loading import load_model\n"
+        f"loaded = load_model(parse_config(['--model', {str(folder)!r}, '--device', 'cpu'],"
+        " environ={}))\n"
+        "assert loaded.packed is not None\n"
+        "print(type(loaded.tokenizer).__name__)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[-3:-1] == ["XLMRobertaTokenizer", "[]"]
