@@ -241,6 +241,52 @@ async def test_bad_tei_input_gets_a_4xx_in_tei_shape(
     assert (await strict_client.post("/embed", json={"inputs": "still serving"})).status == 200
 
 
+async def queued_inputs(client) -> float:
+    exposition = await (await client.get("/metrics")).text()
+    line = next(row for row in exposition.splitlines() if row.startswith("warmgate_queue_depth "))
+    return float(line.split()[1])
+
+
+async def test_a_full_queue_answers_429_at_once_and_loses_nothing(
+    start_server, monkeypatch
+) -> None:
+    """The batcher's own bound (inputs queued), apart from --max-concurrent-requests: requests
+    of many inputs can fill the queue before the in-flight limit is reached. The forward passes
+    are held for real (WARMGATE_FAULT_INJECTION's hang) so the queue stays full while the third
+    request arrives; it gets a 429 with a JSON error at once, and the queued ones are served."""
+    from warmgate_server import faults
+
+    monkeypatch.setenv(faults.ENV, "1")
+    client = await start_server(
+        "--max-concurrent-requests", "8", "--max-batch-size", "4", "--max-client-batch-size", "16"
+    )  # the queue holds max(8 x 4, 2 x 16) = 32 inputs
+    held = await client.post("/debug/faults", json={"mode": "hang", "hang_seconds": 120})
+    assert held.status == 200
+    inputs = [f"sentence number {n} of a request" for n in range(16)]
+    first = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": inputs}))
+    second = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": inputs}))
+    try:
+        # Both workers hold a batch of 4; the other 24 inputs wait.
+        for _ in range(200):
+            if await queued_inputs(client) == 24:
+                break
+            await asyncio.sleep(0.02)
+        assert await queued_inputs(client) == 24
+        rejected = await client.post("/v1/embeddings", json={"input": inputs})
+        assert rejected.status == 429
+        error = (await rejected.json())["error"]
+        assert error["code"] == "overloaded" and "queue is full" in error["message"], error
+        assert not first.done() and not second.done()
+    finally:
+        await client.post("/debug/faults", json={"mode": "off"})
+    for response in await asyncio.gather(first, second):
+        assert response.status == 200
+        assert len((await response.json())["data"]) == 16
+    assert await queued_inputs(client) == 0
+    assert client.server.app[RUNTIME].in_flight == 0
+    assert (await client.post("/v1/embeddings", json={"input": inputs})).status == 200
+
+
 async def test_overload_answers_429_at_once(start_server) -> None:
     client = await start_server("--max-concurrent-requests", "2")
     batch = {"input": ["a sentence that takes a while to embed"] * 4}
