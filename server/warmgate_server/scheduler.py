@@ -25,8 +25,8 @@ from .shapes import ShapePolicy, bucket_for
 log = logging.getLogger(__name__)
 
 Execute = Callable[[list[Sequence[int]], Shape, int, bool], Awaitable[BatchResult]]
-"""Run a batch of a shape on a model worker; the flag: solo, on every worker's cores."""
-"""Run a batch as a shape on a model worker (its index)."""
+"""Run a batch as a shape on a model worker (its index); the flag: solo, on every worker's
+cores."""
 
 
 @dataclass
