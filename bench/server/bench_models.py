@@ -17,7 +17,7 @@ tokens, which is what a side-by-side needs.
 3. bge-m3's shape: warmgate's time to /ready and its resident memory (VmRSS, VmHWM).
 
 Writes bench/results/bench_models.json and the models section of docs/benchmarks.md. Not a
-timed test: it takes about half an hour on 2 cores.
+timed test: it takes about 50 minutes on 2 cores (bge-m3's warmup alone is 10).
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ def parse_args() -> argparse.Namespace:
         "--seconds-many",
         type=float,
         default=150.0,
-        help="for 32 clients x 32 inputs, where one request waits about a minute: long enough "
-        "for each client to send several (a short point measures one burst and its tail)",
+        help="for the batches of 32, where one request waits 15 s (8 clients) to a minute "
+        "(32): long enough for each client to send several (a short point measures one burst "
+        "and its tail)",
     )
     parser.add_argument("--rounds", type=int, default=2, help="alternations per load point")
     parser.add_argument("--skip-infinity", action="store_true")
@@ -150,7 +151,7 @@ def load_points(
     points = []
     cases = [(SENTENCES[:1], 1), ((SENTENCES * 4)[:32], 8), ((SENTENCES * 4)[:32], 32)]
     for batch, concurrency in cases:
-        seconds = args.seconds_many if concurrency == 32 else args.seconds
+        seconds = args.seconds_many if len(batch) == 32 else args.seconds
         for round_index in range(args.rounds):
             order = list(servers) if round_index % 2 == 0 else list(reversed(servers))
             for name in order:
@@ -178,7 +179,7 @@ def render(result: dict[str, Any]) -> str:
         f"Run {result['when']} with `make bench-models` (bench/server/bench_models.py) on "
         f"{ran.get('Model name')}, {ran.get('usable_cpus')} usable CPUs; the best of "
         f"{result['rounds']} alternating rounds of {result['seconds']:g} s per point "
-        f"({result.get('seconds_many', result['seconds']):g} s at 32 clients).",
+        f"({result.get('seconds_many', result['seconds']):g} s for the batches of 32).",
         "",
         "XLM-RoBERTa of multilingual-e5-base's shape (random fp32 weights, mean pooling):",
         "",
