@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from warmgate_server.testing import wait_for_phase
+
 # "hello " * n is n + 2 tokens with [CLS] and [SEP]: these land in buckets 16, 32 and 64.
 BUCKET_TEXTS = {16: "hello " * 10, 32: "hello " * 25, 64: "hello " * 50}
 
@@ -56,3 +58,37 @@ async def test_profile_file_shapes_are_warmed_too(start_server, tmp_path) -> Non
     assert response.headers["X-Warmgate-Cold"] == "0"
     served = await (await client.get("/warmup/profile")).json()
     assert served["shapes"] == [{"batch_size": 2, "seq_len": 32, "count": 1}]
+
+
+async def test_the_engine_is_built_off_the_event_loop(start_server, monkeypatch) -> None:
+    """Building the Engine reads the model's files and may load tiktoken (a third of a second):
+    it runs in the model thread, and /healthz and /ready answer meanwhile. The build is held
+    for real (the token-id loader waits) until the probes have answered."""
+    import asyncio
+    import threading
+
+    from warmgate_server.openai_ids import OpenAITokenIds
+
+    loop_thread = threading.get_ident()  # the app runs on the test's event loop
+    entered, release = threading.Event(), threading.Event()
+    built_in: list[int] = []
+    original = OpenAITokenIds.load.__func__
+
+    def held(cls, kind):
+        built_in.append(threading.get_ident())
+        entered.set()
+        release.wait(10)
+        return original(cls, kind)
+
+    monkeypatch.setattr(OpenAITokenIds, "load", classmethod(held))
+    client = await start_server(wait=False)
+    try:
+        assert await asyncio.to_thread(entered.wait, 10)
+        healthz, ready = await client.get("/healthz"), await client.get("/ready")
+        assert healthz.status == 200
+        assert ready.status == 503 and (await ready.json())["phase"] == "loading"
+    finally:
+        release.set()
+    assert built_in and built_in[0] != loop_thread
+    report = await wait_for_phase(client, {"ready", "failed"})
+    assert report["phase"] == "ready", report
