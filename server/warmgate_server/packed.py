@@ -26,9 +26,10 @@ must be used and none may be missing (the pooler, which no embedding reads, asid
 
 On a CPU in fp32 the linear layers run through oneDNN with their weights reordered once, at
 load, into its blocked layout (the primitive inductor's CPU freezing emits), and the GELU fused
-into the inner layer's matrix multiplication: on this project's 2-core AMD EPYC (AVX2)
-10-30% faster than MKL's sgemm on the same matrices, twice as fast on two threads for one
-sentence (docs/benchmarks.md). `WARMGATE_ONEDNN=0` keeps MKL.
+into the inner layer's matrix multiplication. On this project's 2-core AMD EPYC (AVX2), for
+e5-base's matrices: as fast as MKL on one thread, 16% faster on two
+(bench/server/cpu_ceiling.py); the whole pass on two single-threaded workers about 12% more
+inputs/s (docs/benchmarks.md). `WARMGATE_ONEDNN=0` keeps MKL.
 
 On a CPU the row count of a matrix multiplication picks no kernel, so the padding-free pass's
 varying token counts are warm once its (rows, L) shapes are; `make bench-server` probes token
@@ -53,18 +54,15 @@ import torch.nn.functional as F
 
 from .errors import weight_names
 
-_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
-# The same activations as oneDNN post-ops of a matrix multiplication: (attr, algorithm).
-_ONEDNN_ACTIVATIONS = {
-    "gelu": ("gelu", "none"),  # the exact (erf) GELU
-    "gelu_new": ("gelu", "tanh"),
-    "gelu_pytorch_tanh": ("gelu", "tanh"),
-    "relu": ("relu", ""),
+Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+_TANH_GELU = ((lambda x: F.gelu(x, approximate="tanh")), ("gelu", "tanh"))
+# config.json's hidden_act: the torch function, and the same activation as a oneDNN post-op of
+# the matrix multiplication before it (attr, algorithm).
+_ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[str, str]]] = {
+    "gelu": (F.gelu, ("gelu", "none")),  # the exact (erf) GELU
+    "gelu_new": _TANH_GELU,
+    "gelu_pytorch_tanh": _TANH_GELU,
+    "relu": (F.relu, ("relu", "")),
 }
 
 
@@ -132,7 +130,6 @@ class PackedBert:
         self.heads = int(config["num_attention_heads"])
         self.head_size = self.hidden // self.heads
         self.eps = float(config.get("layer_norm_eps", 1e-12))
-        self.activation = _ACTIVATIONS[config.get("hidden_act", "gelu")]
         self.offset = position_offset(config)
         self.max_positions = int(config.get("max_position_embeddings", 512)) - self.offset
         """Tokens per input the position embeddings hold."""
@@ -167,9 +164,16 @@ class PackedBert:
             )
         self.onednn = _onednn_linear(self.device, self.dtype)
         """The linear layers run through oneDNN with reordered weights (CPU, fp32)."""
+        activation, post_op = _ACTIVATIONS[config.get("hidden_act", "gelu")]
+        self._linear: Linear = F.linear
+        self._activated: Linear = lambda x, weight, bias: activation(F.linear(x, weight, bias))
+        """The inner layer: its linear layer and the activation."""
         if self.onednn:
             self.layers = [_reordered(layer) for layer in self.layers]
-            self._inner_post_op = _ONEDNN_ACTIVATIONS[config.get("hidden_act", "gelu")]
+            linear = torch.ops.mkldnn._linear_pointwise
+            self._linear = lambda x, weight, bias: linear(x, weight, bias, "none", [], "")
+            attr, algorithm = post_op
+            self._activated = lambda x, weight, bias: linear(x, weight, bias, attr, [], algorithm)
 
     @classmethod
     def from_model(cls, model: Any) -> PackedBert:
@@ -298,26 +302,11 @@ class PackedBert:
     def _layer(
         self, layer: _Layer, x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
-        if self.onednn:
-            return self._onednn_layer(layer, x, attend)
-        context = attend(F.linear(x, layer.qkv_weight, layer.qkv_bias))
-        attended = F.linear(context, layer.out_weight, layer.out_bias) + x
+        context = attend(self._linear(x, layer.qkv_weight, layer.qkv_bias))
+        attended = self._linear(context, layer.out_weight, layer.out_bias) + x
         attended = self._norm(attended, layer.out_norm)
-        inner = self.activation(F.linear(attended, layer.inner_weight, layer.inner_bias))
-        output = F.linear(inner, layer.output_weight, layer.output_bias)
-        return self._norm(output + attended, layer.output_norm)
-
-    def _onednn_layer(
-        self, layer: _Layer, x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]
-    ) -> torch.Tensor:
-        """`_layer` with oneDNN's linear on the reordered weights, the activation fused."""
-        linear = torch.ops.mkldnn._linear_pointwise
-        context = attend(linear(x, layer.qkv_weight, layer.qkv_bias, "none", [], ""))
-        attended = linear(context, layer.out_weight, layer.out_bias, "none", [], "") + x
-        attended = self._norm(attended, layer.out_norm)
-        attr, algorithm = self._inner_post_op
-        inner = linear(attended, layer.inner_weight, layer.inner_bias, attr, [], algorithm)
-        output = linear(inner, layer.output_weight, layer.output_bias, "none", [], "")
+        inner = self._activated(attended, layer.inner_weight, layer.inner_bias)
+        output = self._linear(inner, layer.output_weight, layer.output_bias)
         return self._norm(output + attended, layer.output_norm)
 
 
