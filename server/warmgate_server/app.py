@@ -169,9 +169,7 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
                 on_fault=lifecycle.model_fault,
                 on_success=lifecycle.model_ok,
                 faults=runtime.faults,
-                solo_threads=(
-                    threads.workers * threads.threads if loaded.device.type == "cpu" else 0
-                ),
+                solo_threads=threads.solo_threads,
             ),
         )
         lifecycle.device, lifecycle.dtype = loaded.device_name, loaded.dtype_name

@@ -64,6 +64,9 @@ class ThreadPlan:
     workers: int
     threads: int
     tokenizers: int = 1
+    solo_threads: int = 0
+    """Torch threads of a batch that runs solo (every worker's, on a CPU with two or more
+    workers; the scheduler's `solo`), else 0: no batch does."""
 
 
 def plan_threads(config: ServerConfig, device_type: str, cpus: int | None = None) -> ThreadPlan:
@@ -84,4 +87,5 @@ def plan_threads(config: ServerConfig, device_type: str, cpus: int | None = None
     tokenizers = config.tokenization_workers or (
         1 if device_type == "cpu" else max(1, min(4, cpus // 4))
     )
-    return ThreadPlan(workers, threads, tokenizers)
+    solo = workers * threads if device_type == "cpu" and workers > 1 else 0
+    return ThreadPlan(workers, threads, tokenizers, solo)

@@ -84,7 +84,7 @@ class Engine:
         solo_threads: int = 0,
     ) -> None:
         """`solo_threads`: the torch threads of a batch that runs solo, on every worker's
-        cores (0: none does; the scheduler's `solo`)."""
+        cores (0: none does; cpus.ThreadPlan.solo_threads)."""
         if config.max_input_length:
             max_input_length, length_source = config.max_input_length, "--max-input-length"
         else:
@@ -128,7 +128,7 @@ class Engine:
         """Decodes OpenAI token ids (tiktoken's) into text; None: ids are the model's own."""
         self.metrics = metrics
         self._model_threads = tuple(model_threads)
-        self._solo_threads = solo_threads if len(self._model_threads) > 1 else 0
+        self._solo_threads = solo_threads
         self._tokenizer_pool = tokenizer_pool
         self.policy = policy = ShapePolicy.build(
             config.sequence_buckets,

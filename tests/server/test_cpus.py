@@ -18,20 +18,22 @@ def plan(*args: str, device: str = "cpu", cpus: int = 2) -> ThreadPlan:
 
 
 def test_on_a_cpu_two_single_threaded_workers_share_the_cores() -> None:
-    assert plan() == ThreadPlan(workers=2, threads=1, tokenizers=1)
-    assert plan(cpus=1) == ThreadPlan(workers=1, threads=1, tokenizers=1)
-    assert plan(cpus=16) == ThreadPlan(workers=2, threads=8, tokenizers=1)
+    # A lone small batch runs solo on every worker's threads.
+    assert plan() == ThreadPlan(workers=2, threads=1, tokenizers=1, solo_threads=2)
+    assert plan(cpus=1) == ThreadPlan(workers=1, threads=1, tokenizers=1, solo_threads=0)
+    assert plan(cpus=16) == ThreadPlan(workers=2, threads=8, tokenizers=1, solo_threads=16)
 
 
 def test_on_a_gpu_one_worker_and_the_spare_cpus_tokenize() -> None:
     assert plan(device="cuda", cpus=16) == ThreadPlan(workers=1, threads=16, tokenizers=4)
+    assert plan("--model-workers", "2", device="cuda").solo_threads == 0  # the device's
     assert plan(device="cuda", cpus=64).tokenizers == 4  # no more than 4
     assert plan(device="cuda", cpus=2).tokenizers == 1
 
 
 def test_flags_win_over_the_defaults() -> None:
-    assert plan("--model-workers", "4", cpus=16) == ThreadPlan(4, 4, 1)
-    assert plan("--model-workers", "1", "--torch-threads", "3") == ThreadPlan(1, 3, 1)
+    assert plan("--model-workers", "4", cpus=16) == ThreadPlan(4, 4, 1, 16)
+    assert plan("--model-workers", "1", "--torch-threads", "3") == ThreadPlan(1, 3, 1, 0)
     assert plan("--tokenization-workers", "3", device="cuda", cpus=16).tokenizers == 3
 
 
