@@ -63,6 +63,8 @@ class BertTokenizer:
 
     input_names = BERT_INPUT_NAMES
     """`model_input_names` when tokenizer_config.json names none (the class's own)."""
+    classes = BERT_CLASSES
+    """The tokenizer_config.json classes this builds as transformers does."""
 
     def __init__(self, tokenizer: Any, config: dict[str, Any]) -> None:
         self._tokenizer = tokenizer
@@ -80,13 +82,18 @@ class BertTokenizer:
 
     @classmethod
     def from_folder(cls, path: Path) -> BertTokenizer:
-        config_file, tokenizer_file = path / "tokenizer_config.json", path / "tokenizer.json"
-        if not config_file.is_file() or not tokenizer_file.is_file():
-            raise ValueError("no tokenizer.json and tokenizer_config.json")
-        config = json.loads(config_file.read_text())
-        if config.get("tokenizer_class") not in BERT_CLASSES:
-            raise ValueError(f"tokenizer_class {config.get('tokenizer_class')!r} is not BERT's")
-        text = tokenizer_file.read_text()
+        return cls._from_files(path, *_read_folder(path))
+
+    @classmethod
+    def _from_files(cls, path: Path, config: dict[str, Any], text: str) -> BertTokenizer:
+        """From tokenizer_config.json's `config` and tokenizer.json's `text`."""
+        found = config.get("tokenizer_class")
+        if found not in cls.classes:
+            raise ValueError(f"tokenizer_class {found!r} is not one of {', '.join(cls.classes)}")
+        return cls._build(path, config, text)
+
+    @classmethod
+    def _build(cls, path: Path, config: dict[str, Any], text: str) -> BertTokenizer:
         spec = json.loads(text)
         normalizer = spec.get("normalizer") or {}
         if normalizer.get("type") != "BertNormalizer":
@@ -138,22 +145,17 @@ class XLMRobertaTokenizer(BertTokenizer):
     """XLM-RoBERTa's tokenizer, built as transformers 5's XLMRobertaTokenizer builds it."""
 
     input_names = ["input_ids", "attention_mask"]
+    classes = XLMR_CLASSES
 
     @classmethod
-    def from_folder(cls, path: Path) -> XLMRobertaTokenizer:
-        config_file, tokenizer_file = path / "tokenizer_config.json", path / "tokenizer.json"
-        if not config_file.is_file() or not tokenizer_file.is_file():
-            raise ValueError("no tokenizer.json and tokenizer_config.json")
-        config = json.loads(config_file.read_text())
-        if config.get("tokenizer_class") not in XLMR_CLASSES:
-            raise ValueError(f"tokenizer_class {config.get('tokenizer_class')!r} is not XLM-R's")
+    def _build(cls, path: Path, config: dict[str, Any], text: str) -> XLMRobertaTokenizer:
         special_map = path / "special_tokens_map.json"
         if special_map.is_file():
             for key, value in json.loads(special_map.read_text()).items():
                 configured = config.get(key, XLMR_SPECIALS.get(key))
                 if key not in XLMR_SPECIALS or _token_text(value) != _token_text(configured):
                     raise ValueError(f"special_tokens_map.json's {key} differs")
-        spec = json.loads(tokenizer_file.read_text())
+        spec = json.loads(text)
         model = spec.get("model") or {}
         if model.get("type") != "Unigram":
             raise ValueError(f"model {model.get('type')!r} is not Unigram")
@@ -176,7 +178,7 @@ def _xlmr_backend(
     specials: dict[str, Any],
 ) -> Any:
     """The `tokenizers.Tokenizer` that transformers 5's XLMRobertaTokenizer builds."""
-    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import Unigram
 
     tokenizer = Tokenizer(Unigram(vocab=vocab, unk_id=3, byte_fallback=False))
@@ -194,13 +196,13 @@ def _xlmr_backend(
     # The config's added tokens in id order, then the special tokens not among them.
     decoder = config.get("added_tokens_decoder") or {}
     tokens = [
-        _added_token(AddedToken, token)
+        _added_token(token)
         for _index, token in sorted(decoder.items(), key=lambda item: int(item[0]))
     ]
     named = {_token_text(token) for token in specials.values()}
     for token in specials.values():
         if _token_text(token) not in {str(known) for known in tokens}:
-            tokens.append(_added_token(AddedToken, token))
+            tokens.append(_added_token(token))
     for token in tokens:
         if str(token) in named:
             token.special = True
@@ -226,23 +228,28 @@ def _precompiled_charsmap(normalizer: dict[str, Any] | None) -> str | None:
     return None
 
 
-def _added_token(cls: Any, token: Any) -> Any:
+def _added_token(token: Any) -> Any:
     """An AddedToken from tokenizer_config.json's form: a string (special) or its fields."""
+    from tokenizers import AddedToken
+
     if isinstance(token, dict):
         flags = ("single_word", "lstrip", "rstrip", "normalized", "special")
-        return cls(token["content"], **{key: token[key] for key in flags if key in token})
-    return cls(str(token), special=True)
+        return AddedToken(token["content"], **{key: token[key] for key in flags if key in token})
+    return AddedToken(str(token), special=True)
+
+
+def _read_folder(path: Path) -> tuple[dict[str, Any], str]:
+    """tokenizer_config.json, parsed, and tokenizer.json's text; ValueError when either is
+    missing."""
+    config_file, tokenizer_file = path / "tokenizer_config.json", path / "tokenizer.json"
+    if not config_file.is_file() or not tokenizer_file.is_file():
+        raise ValueError("no tokenizer.json and tokenizer_config.json")
+    return json.loads(config_file.read_text()), tokenizer_file.read_text()
 
 
 def load_fast(path: Path) -> BertTokenizer:
     """The folder's tokenizer without transformers (BERT's or XLM-R's), or ValueError saying
-    why not."""
-    try:
-        tokenizer_class = json.loads((path / "tokenizer_config.json").read_text()).get(
-            "tokenizer_class"
-        )
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read tokenizer_config.json: {exc}") from None
-    if tokenizer_class in XLMR_CLASSES:
-        return XLMRobertaTokenizer.from_folder(path)
-    return BertTokenizer.from_folder(path)
+    why not. Each file is read once."""
+    config, text = _read_folder(path)
+    cls = XLMRobertaTokenizer if config.get("tokenizer_class") in XLMR_CLASSES else BertTokenizer
+    return cls._from_files(path, config, text)
