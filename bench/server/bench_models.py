@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_server import REPO, machine, start_infinity, write_doc
-from cpu_ceiling import ceiling
+from cpu_ceiling import bench_tokens, ceiling
 from loadgen import closed_loop, markdown_table
 
 from warmgate_server import zoo
@@ -179,7 +179,7 @@ def render(result: dict[str, Any]) -> str:
         f"Run {result['when']} with `make bench-models` (bench/server/bench_models.py) on "
         f"{ran.get('Model name')}, {ran.get('usable_cpus')} usable CPUs; the best of "
         f"{result['rounds']} alternating rounds of {result['seconds']:g} s per point "
-        f"({result.get('seconds_many', result['seconds']):g} s for the batches of 32).",
+        f"({result['seconds_many']:g} s for the batches of 32).",
         "",
         "XLM-RoBERTa of multilingual-e5-base's shape (random fp32 weights, mean pooling):",
         "",
@@ -211,8 +211,8 @@ def render(result: dict[str, Any]) -> str:
         top = result["ceiling"]
         lines += [
             "The CPU's ceiling (bench/server/cpu_ceiling.py: the linear layers' matrix "
-            f"multiplications alone, {top['mflop_per_token']} MFLOP per token, at a batch's "
-            "size): "
+            f"multiplications alone, {top['mflop_per_token']} MFLOP per token, "
+            f"{top['tokens_per_input']} tokens per input, at a batch's size): "
             + "; ".join(
                 f"{key.replace('_', ' ')}: {value['gflop_per_s']} GFLOP/s, at most "
                 f"{value['inputs_per_s_ceiling']} inputs/s"
@@ -270,7 +270,7 @@ def main() -> int:
         server, result["bge-m3"] = start_warmgate(build("bge-m3"))
         server.kill()
         print("bge-m3", json.dumps(result["bge-m3"]), flush=True)
-    result["ceiling"] = ceiling()
+    result["ceiling"] = ceiling(bench_tokens())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_models.json").write_text(json.dumps(result, indent=2))

@@ -3,7 +3,8 @@ layers' matrix multiplications (almost all of the work) at their real sizes, one
 core, through torch's default (MKL) and through oneDNN on reordered weights (warmgate's packed
 pass on the CPU), and the inputs/s those rates allow for the bench's sentences.
 
-`python bench/server/cpu_ceiling.py` (about 30 s). A server cannot serve faster than the
+`python bench/server/cpu_ceiling.py` (about 30 s once bench_models.py has built its model). A
+server cannot serve faster than the
 ceiling it prints; bench_models.py's figures are read against it in docs/benchmarks.md.
 """
 
@@ -18,8 +19,6 @@ import torch.nn.functional as F
 HIDDEN, INNER, LAYERS = 768, 3072, 12
 # (in, out) of a layer's linear layers: fused query/key/value, attention output, two dense.
 LINEARS = [(HIDDEN, 3 * HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, INNER), (INNER, HIDDEN)]
-TOKENS_PER_INPUT = 34.5  # bench_models.py's sentences, with its tokenizer
-BATCH_TOKENS = 1104  # a batch of 32 of them
 
 
 def best_seconds(function, runs: int = 7) -> float:
@@ -32,16 +31,31 @@ def best_seconds(function, runs: int = 7) -> float:
     return best
 
 
-def ceiling() -> dict[str, object]:
-    """GFLOP/s and the inputs/s they allow, per backend and thread count."""
+def bench_tokens() -> list[int]:
+    """The token counts of bench_models.py's sentences with its model's tokenizer."""
+    from bench_models import SENTENCES, build
+
+    from warmgate_server.tokenizer import load_fast
+
+    return [len(ids) for ids in load_fast(build("e5-base"))(SENTENCES)["input_ids"]]
+
+
+def ceiling(lengths: list[int]) -> dict[str, object]:
+    """GFLOP/s and the inputs/s they allow, per backend and thread count, for inputs of these
+    token counts (the batch: 32 of them, in turn)."""
+    tokens_per_input = sum(lengths) / len(lengths)
+    batch_tokens = sum(lengths[index % len(lengths)] for index in range(32))
     flop_per_token = sum(2 * k * n for k, n in LINEARS) * LAYERS
-    result: dict[str, object] = {"mflop_per_token": round(flop_per_token / 1e6, 1)}
+    result: dict[str, object] = {
+        "mflop_per_token": round(flop_per_token / 1e6, 1),
+        "tokens_per_input": round(tokens_per_input, 1),
+    }
     for threads in (1, 2):
         torch.set_num_threads(threads)
         for backend in ("mkl", "onednn"):
             seconds = 0.0
             for k, n in LINEARS:
-                x, w, b = torch.randn(BATCH_TOKENS, k), torch.randn(n, k), torch.randn(n)
+                x, w, b = torch.randn(batch_tokens, k), torch.randn(n, k), torch.randn(n)
                 if backend == "mkl":
                     seconds += best_seconds(lambda x=x, w=w, b=b: F.linear(x, w, b))
                 else:
@@ -51,8 +65,8 @@ def ceiling() -> dict[str, object]:
                             x, p, b, "none", [], ""
                         )
                     )
-            gflops = BATCH_TOKENS * flop_per_token / LAYERS / seconds / 1e9
-            inputs = gflops * 1e9 / (flop_per_token * TOKENS_PER_INPUT)
+            gflops = batch_tokens * flop_per_token / LAYERS / seconds / 1e9
+            inputs = gflops * 1e9 / (flop_per_token * tokens_per_input)
             result[f"{backend}_{threads}_threads"] = {
                 "gflop_per_s": round(gflops, 1),
                 "inputs_per_s_ceiling": round(inputs, 1),
@@ -62,7 +76,7 @@ def ceiling() -> dict[str, object]:
 
 
 def main() -> int:
-    print(json.dumps(ceiling(), indent=2))
+    print(json.dumps(ceiling(bench_tokens()), indent=2))
     return 0
 
 
