@@ -4,8 +4,8 @@ core, through torch's default (MKL) and through oneDNN on reordered weights (war
 pass on the CPU), and the inputs/s those rates allow for the bench's sentences.
 
 `python bench/server/cpu_ceiling.py` (about 30 s once bench_models.py has built its model). A
-server cannot serve faster than the
-ceiling it prints; bench_models.py's figures are read against it in docs/benchmarks.md.
+server cannot serve faster than the ceiling it prints; bench_models.py's figures are read
+against it in docs/benchmarks.md.
 """
 
 from __future__ import annotations
