@@ -712,7 +712,7 @@ def _protobuf_fields(data: bytes) -> list[tuple[int, int, Any]]:
     return fields
 
 
-def write_hub_xlmr_tokenizer(folder: Path, seed_text: list[str] | None = None) -> None:
+def write_hub_xlmr_tokenizer(folder: Path) -> None:
     """An XLM-R tokenizer as the hub's multilingual models carry it (xlm-roberta-base, bge-m3,
     multilingual-e5): a SentencePiece Unigram model (trained here with its nmt_nfkc
     normalization, which needs the `sentencepiece` package), converted as transformers 4 did
@@ -727,7 +727,7 @@ def write_hub_xlmr_tokenizer(folder: Path, seed_text: list[str] | None = None) -
 
     with tempfile.TemporaryDirectory() as scratch:
         text = Path(scratch) / "corpus.txt"
-        text.write_text("\n".join(seed_text or corpus()))
+        text.write_text("\n".join(corpus()))
         sentencepiece.SentencePieceTrainer.train(
             input=str(text), model_prefix=f"{scratch}/sp", vocab_size=VOCAB_SIZE // 2,
             hard_vocab_limit=False, model_type="unigram", normalization_rule_name="nmt_nfkc",
