@@ -7,12 +7,14 @@ waiting for a finished rollout)."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -288,8 +290,8 @@ class Kube:
         return found["items"] if found else []
 
     def events(self) -> list[dict]:
-        found = self.get("events")
-        return found["items"] if found else []
+        found = wait_until(lambda: self.get("events"), 30, "the namespace's events")
+        return found["items"]
 
 
 def embedding_service(name: str, revision: str = "v1", **spec_overrides: Any) -> dict:
@@ -342,7 +344,36 @@ def service_url(kube: Kube, name: str, path: str = "/v1/embeddings") -> str:
 
 def wait_ready(kube: Kube, name: str, revision: str, replicas: int, timeout: float = 300) -> dict:
     """Until the EmbeddingService reports Ready with `replicas` pods of `revision` and no
-    others (a finished rollout)."""
+    others (a finished rollout), and its node port, if it has one, routes to a pod."""
+    emb = wait_finished(kube, name, revision, replicas, timeout)
+    service = kube.get("service", name)
+    if replicas and service and service["spec"].get("type") == "NodePort":
+        wait_routed(kube, name)
+    return emb
+
+
+def wait_routed(kube: Kube, name: str, timeout: float = 60) -> None:
+    """Until a GET /ready through the Service's node port answers 200. A pod is Ready before
+    kube-proxy has written it into the Service's rules: until then the node port refuses
+    connections (kube-proxy rejects a Service without endpoints), a second or more on a busy
+    machine."""
+    url = service_url(kube, name, "/ready")
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return response.status == 200
+        except (OSError, http.client.HTTPException):
+            return False
+
+    wait_until(answers, timeout, f"the node port of {name} to route to a ready pod")
+
+
+def wait_finished(
+    kube: Kube, name: str, revision: str, replicas: int, timeout: float = 300
+) -> dict:
+    """Until the EmbeddingService reports Ready with `replicas` pods of `revision` and no
+    others."""
 
     def done() -> dict | None:
         emb = kube.get("embeddingservice", name)

@@ -108,13 +108,16 @@ def test_a_pod_whose_model_fails_leaves_the_endpoints_and_returns_after_a_restar
     )
     late = [s for s in samples if s.started > left_at + 2.0]
     assert late and all(s.ok for s in late), summary([s for s in late if not s.ok])
-    # kubelet restarted it because /healthz said so.
+    # kubelet restarted it because /healthz said so. Its Normal "Killing" event says why; the
+    # Warning "Unhealthy" ones cannot be relied on: kubelet's recorder lets 25 Warning events
+    # through per pod, then one per 5 minutes (client-go's spam filter), and the startup and
+    # readiness probes' failures (one a second here) can spend that budget first.
+    its_events = [e for e in kube.events() if e.get("involvedObject", {}).get("name") == name]
     assert any(
-        event.get("reason") == "Unhealthy"
-        and "Liveness probe failed" in event.get("message", "")
-        and event.get("involvedObject", {}).get("name") == name
-        for event in kube.events()
-    )
+        event.get("reason") == "Killing"
+        and "failed liveness probe, will be restarted" in event.get("message", "")
+        for event in its_events
+    ), [(event.get("reason"), event.get("message")) for event in its_events]
 
 
 def test_a_rollout_loses_no_request_of_a_pooled_openai_client_with_retries_off(
