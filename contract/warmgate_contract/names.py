@@ -38,6 +38,10 @@ WARMED_CONDITION = "warmgate.dev/warmed"
 # commit and weights digest), so status.model names the files that serve either way.
 LOADED_CONDITION = "warmgate.dev/loaded"
 REASON_LOADED = "ModelLoaded"
+# Beside either condition, on the pod: what the operator judged, as JSON for machines (the
+# pod's uid, its restart count then, the commit and weights digest its server loaded); the
+# condition's message is for people.
+GATE_STATE_ANNOTATION = "warmgate.dev/gate-state"
 
 # Reasons of the warmed condition (CamelCase, as Kubernetes API conventions ask).
 REASON_VERIFIED = "WarmupVerified"

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,21 +244,8 @@ class DevCluster:
             etcd,
         )
         certs = cfg.state_dir / "certs"
-        audit_policy = cfg.state_dir / "audit-policy.yaml"
-        audit_policy.write_text(cp.AUDIT_POLICY)
-        apiserver = launch(
-            "kube-apiserver",
-            cp.apiserver_argv(
-                bin_dir,
-                pki,
-                certs / "apiserver",
-                ports,
-                cfg.service_cidr,
-                cfg.node_port_range,
-                audit_policy,
-                cfg.audit_log,
-            ),
-        )
+        self._audit_policy.write_text(cp.AUDIT_POLICY)
+        apiserver = launch("kube-apiserver", self._apiserver_argv(bin_dir, ports))
         server = ports.apiserver_url
         cfg.kubeconfig.write_text(cp.kubeconfig_yaml(server, pki))
         cfg.kubeconfig.chmod(0o600)
@@ -338,6 +326,58 @@ class DevCluster:
             "deployment/coredns rolled out",
             kubelet,
         )
+
+    @property
+    def _audit_policy(self) -> Path:
+        return self.config.state_dir / "audit-policy.yaml"
+
+    def _apiserver_argv(self, bin_dir: Path, ports: cp.Ports) -> list[str]:
+        cfg = self.config
+        return cp.apiserver_argv(
+            bin_dir,
+            self.pki,
+            cfg.state_dir / "certs" / "apiserver",
+            ports,
+            cfg.service_cidr,
+            cfg.node_port_range,
+            self._audit_policy,
+            cfg.audit_log,
+        )
+
+    def restart_apiserver(self, *, compact_etcd: bool = True) -> None:
+        """Stop kube-apiserver and start it again with the same flags. Every watch breaks,
+        and the new server's watch cache begins at etcd's current revision (with
+        `compact_etcd`, etcd forgets every older one too): a client that watches again from
+        a version it had before gets a 410 and must list again. For the tests of relists."""
+        with self._lock():
+            runtime, cfg = self.runtime(), self.config
+            bin_dir, ports = self.bin_dir, self.ports
+            assert bin_dir is not None and ports is not None, "the cluster is not up"
+            procs.stop(self.records()["kube-apiserver"], grace=10.0)
+            child = self._children.pop("kube-apiserver", None)
+            if child is not None:
+                with contextlib.suppress(Exception):
+                    child.wait(timeout=1)
+            if compact_etcd:
+                etcd = f"http://127.0.0.1:{ports.etcd_client}/v3/kv"
+                revision = _etcd_post(f"{etcd}/range", {"key": "AA=="})["header"]["revision"]
+                _etcd_post(f"{etcd}/compaction", {"revision": revision, "physical": True})
+            argv = self._apiserver_argv(bin_dir, ports)
+            group = cgroups.V1_CPU / cfg.control_plane_group
+            if cfg.control_plane_cpu_shares and group.is_dir():
+                argv = cgroups.launch_in(group, argv)
+            record, child = procs.spawn(
+                "kube-apiserver", argv, cfg.logs_dir / "kube-apiserver.log", cwd=cfg.state_dir
+            )
+            self._children["kube-apiserver"] = child
+            runtime["procs"]["kube-apiserver"] = record.to_dict()
+            self._write_runtime(runtime)
+            cp.wait_until(
+                self._apiserver_ready,
+                "kube-apiserver /readyz after its restart",
+                cfg.start_timeout,
+                alive=lambda: procs.is_running(record),
+            )
 
     def _start_hub(self, launch, runtime: dict) -> procs.ProcRecord:
         """The model hub on this machine's end of the node link (pods reach it there), seeded
@@ -635,3 +675,12 @@ def unmount_under(*folders: Path) -> int:
         result = subprocess.run(["umount", "-l", point], capture_output=True)
         count += result.returncode == 0
     return count
+
+
+def _etcd_post(url: str, body: dict) -> dict:
+    """One call to etcd's JSON gateway (its v3 API over HTTP), on this machine."""
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())

@@ -1,5 +1,7 @@
-"""The devcluster's one way to the Kubernetes API: the official Python client (what the operator
-uses), with plain JSON dicts in and out, as `kubectl get -o json` shows them, on any path.
+"""The devcluster's way to the Kubernetes API, for its own checks, the tests and the
+benchmarks: the operator's client (`warmgate_operator.kube`: the official client's
+configuration and authentication, one request function, one path builder, one error type)
+called synchronously, with plain JSON dicts in and out, as `kubectl get -o json` shows them.
 
 kubectl itself (`DevCluster.kubectl`) is kept for what a user does with it: applying manifest
 files and showing objects, and for the tests of that experience.
@@ -11,26 +13,20 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
+
+from warmgate_operator.kube import ApiError, api_error, resource_path, send
+from warmgate_operator.objects import condition as find_condition
+
+__all__ = ["ApiError", "resource_path"]
 
 MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 # What a request that got no answer raises (refused, reset, timed out), besides ApiError.
 UNANSWERED = (urllib3.exceptions.HTTPError, OSError)
-
-
-class ApiError(RuntimeError):
-    """A request answered with a status outside 2xx (0: the client gave up before one came)."""
-
-    def __init__(self, method: str, path: str, status: int, body: str) -> None:
-        super().__init__(f"{method} {path}: {status} {body[:500]}")
-        self.status = status
-        self.body = body
 
 
 def load_client(kubeconfig: Path | str, *, retries: bool = True) -> k8s_client.ApiClient:
@@ -44,25 +40,6 @@ def load_client(kubeconfig: Path | str, *, retries: bool = True) -> k8s_client.A
     return k8s_client.ApiClient(configuration)
 
 
-def resource_path(
-    api_version: str,
-    plural: str,
-    namespace: str | None = None,
-    name: str | None = None,
-    subresource: str | None = None,
-) -> str:
-    """`/api/v1/namespaces/NS/pods/NAME`, `/apis/GROUP/VERSION/PLURAL`, ..."""
-    path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    if namespace is not None:
-        path += f"/namespaces/{quote(namespace, safe='')}"
-    path += f"/{plural}"
-    if name is not None:
-        path += "/" + quote(name, safe="")
-    if subresource is not None:
-        path += f"/{subresource}"
-    return path
-
-
 def request(
     api: k8s_client.ApiClient,
     method: str,
@@ -74,22 +51,8 @@ def request(
     timeout: float = 30.0,
 ) -> tuple[int, str]:
     """(status, body text) of one request; raises one of UNANSWERED when nothing answered."""
-    headers = {"Accept": "application/json"}
-    if content_type:
-        headers["Content-Type"] = content_type
-    serialized = api.param_serialize(
-        method=method,
-        resource_path=path,
-        query_params=list((query or {}).items()),
-        header_params=headers,
-        body=body,
-        auth_settings=["BearerToken"],
-    )
-    try:
-        response = api.call_api(*serialized, _request_timeout=timeout)
-        return response.status, response.read().decode(errors="replace")
-    except ApiException as error:
-        return error.status or 0, error.body or error.reason or ""
+    status, data = send(api, method, path, body, list((query or {}).items()), content_type, timeout)
+    return status, data.decode(errors="replace")
 
 
 def call(
@@ -107,7 +70,7 @@ def call(
         api, method, path, body, query=query, content_type=content_type, timeout=timeout
     )
     if not 200 <= status <= 299:
-        raise ApiError(method, path, status, text)
+        raise api_error(status, text)
     return json.loads(text) if text else None
 
 
@@ -140,8 +103,5 @@ def apply(api: k8s_client.ApiClient, path: str, obj: Mapping[str, Any], manager:
 
 
 def condition(obj: Mapping[str, Any] | None, kind: str) -> dict[str, Any]:
-    """The status condition of type `kind` ({} when absent)."""
-    for item in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if item.get("type") == kind:
-            return item
-    return {}
+    """The status condition of type `kind` ({} when absent, for `.get` chains in tests)."""
+    return find_condition(obj, kind) or {}

@@ -120,6 +120,10 @@ class DevClusterHandle:
         """Every pid the cluster runs: control plane, node, shims and containers."""
         return self.cluster.all_pids()
 
+    def restart_apiserver(self, compact_etcd: bool = True) -> None:
+        """Every watch breaks and cannot go on from its old version (DevCluster's)."""
+        self.cluster.restart_apiserver(compact_etcd=compact_etcd)
+
     def close(self) -> None:
         for client in self._clients:
             client.close()

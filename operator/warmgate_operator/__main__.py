@@ -1,4 +1,5 @@
-"""`python -m warmgate_operator`: read the configuration, set up logging, run kopf."""
+"""`python -m warmgate_operator`: read the configuration, set up logging, build the Operator
+(the process's one context object), win the leader election if asked to, and run kopf."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from collections.abc import Sequence
 
 import kopf
 
-from . import metrics
 from .config import ConfigError, OperatorConfig, load_config
 from .handlers import register
 from .kube import KubeClient
 from .leader import LeaderElector
+from .metrics import Metrics
+from .runtime import Operator
 
 log = logging.getLogger("warmgate.operator")
 
@@ -29,7 +31,6 @@ def configure_logging(config: OperatorConfig) -> None:
         logging.getLogger("urllib3").setLevel(logging.WARNING)
         # kopf reports every watch event's handler at INFO: thousands of lines for pods.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    metrics.count_watch_restarts()
 
 
 def operator_identity() -> str:
@@ -47,7 +48,7 @@ def _lost() -> None:
     os._exit(1)
 
 
-def _elect(config: OperatorConfig, identity: str) -> LeaderElector | None:
+def _elect(config: OperatorConfig, identity: str, metrics: Metrics) -> LeaderElector | None:
     """Block until this replica holds the Lease; None when leader election is off, or when
     it was asked to stop while standing by."""
     client = KubeClient.from_environment(max_threads=1)
@@ -59,7 +60,7 @@ def _elect(config: OperatorConfig, identity: str) -> LeaderElector | None:
         lease_seconds=config.lease_seconds,
         renew_deadline_seconds=config.renew_deadline_seconds,
         retry_seconds=config.retry_seconds,
-        on_change=lambda leading: metrics.LEADER.set(1 if leading else 0),
+        on_change=lambda leading: metrics.leader.set(1 if leading else 0),
     )
     previous = signal.signal(signal.SIGTERM, lambda *_: elector.release())
     try:
@@ -78,16 +79,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"warmgate-operator: {error}", file=sys.stderr)
         return 2
     configure_logging(config)
+    metrics = Metrics()
     if config.http_bind is not None:
         metrics.serve(*config.http_bind)
     identity = operator_identity()
     elector = None
     if config.leader_elect:
-        elector = _elect(config, identity)
+        elector = _elect(config, identity, metrics)
         if elector is None:
             return 0
     else:
-        metrics.LEADER.set(1)
+        metrics.leader.set(1)
+    client = KubeClient.from_environment(max_threads=config.workers)
+    if elector is not None:
+        client.write_fence, client.on_fence = elector.may_write, _lost
     registry = kopf.OperatorRegistry()
     register(registry)
     try:
@@ -97,10 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             identity=identity,
             clusterwide=config.clusterwide,
             namespaces=config.namespaces,
-            liveness_endpoint=config.liveness_endpoint,
-            memo=kopf.Memo(
-                config=config, write_fence=elector.may_write if elector else None, on_fence=_lost
-            ),
+            memo=Operator.build(config, client, metrics),
         )
     finally:
         if elector is not None:

@@ -39,7 +39,6 @@ class OperatorConfig:
     resync_seconds: how often every EmbeddingService is reconciled even when nothing changed,
         to repair drift in children that the operator does not watch.
     workers: how many EmbeddingServices are reconciled at the same time.
-    liveness_endpoint: kopf's health endpoint (e.g. `http://0.0.0.0:8081/healthz`), or None.
     stats_file: where to keep a JSON file of API request counts and peak memory, or None.
     server_image_pull_secrets: names of Secrets (in each EmbeddingService's namespace) that
         every server pod lists in `imagePullSecrets`, for a server image in a private registry.
@@ -52,7 +51,7 @@ class OperatorConfig:
         the others stand by and take over when it stops renewing).
     lease_name, lease_namespace: the Lease (namespace: $POD_NAMESPACE, else `default`).
     lease_seconds: how long a Lease nobody renews stays taken (takeover time after a crash).
-    http_address: host:port of the operator's own HTTP endpoint (/healthz, /metrics), or None.
+    http_address: host:port of the operator's HTTP endpoint (/healthz, /metrics), or None.
     """
 
     default_image: str = DEFAULT_SERVER_IMAGE
@@ -61,7 +60,6 @@ class OperatorConfig:
     log_level: str = "INFO"
     resync_seconds: float = 60.0
     workers: int = 8
-    liveness_endpoint: str | None = None
     stats_file: str | None = None
     server_image_pull_secrets: tuple[str, ...] = ()
     server_image_pull_policy: str = "IfNotPresent"
@@ -169,11 +167,6 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     parser.add_argument("--workers", type=int, default=twin("workers", defaults.workers))
     parser.add_argument(
-        "--liveness-endpoint",
-        default=twin("liveness-endpoint", None),
-        help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8081/healthz",
-    )
-    parser.add_argument(
         "--stats-file",
         default=twin("stats-file", None),
         help="keep API request counts and peak memory in this JSON file (benchmarks)",
@@ -248,7 +241,6 @@ def load_config(
             log_level=str(args.log_level).upper(),
             resync_seconds=float(args.resync_seconds),
             workers=int(args.workers),
-            liveness_endpoint=args.liveness_endpoint or None,
             stats_file=args.stats_file or None,
             server_image_pull_secrets=pull_secrets,
             server_image_pull_policy=str(args.server_image_pull_policy),

@@ -10,12 +10,12 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from warmgate_contract.names import OPERATOR_NAME, REPORTING_COMPONENT
 
 from .kube import EVENT, ApiError
+from .objects import rfc3339
 
 logger = logging.getLogger(__name__)
 
@@ -24,10 +24,6 @@ COMPONENT = OPERATOR_NAME
 
 class Client(Protocol):
     async def create(self, kind: Any, namespace: str, body: Mapping[str, Any]) -> dict: ...
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EventRecorder:
@@ -54,7 +50,7 @@ class EventRecorder:
         if len(self._last) > 10_000:  # forget old keys rather than grow without bound
             cutoff = now - self._repeat_after
             self._last = {k: t for k, t in self._last.items() if t >= cutoff}
-        stamp = now_rfc3339()
+        stamp = rfc3339()
         event = {
             "apiVersion": "v1",
             "kind": "Event",

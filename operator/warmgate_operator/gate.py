@@ -6,14 +6,14 @@ a verdict and the pod condition to write come out. `gatekeeper` does the fetchin
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from warmgate_contract import flags
 from warmgate_contract.names import (
+    GATE_STATE_ANNOTATION,
     LOADED_CONDITION,
     REASON_BAD_REPORT,
     REASON_FAILED,
@@ -33,6 +33,9 @@ from warmgate_contract.names import (
 from warmgate_contract.report import DRAINING, FAILED, READY, UNHEALTHY, ReadyReport, ReportError
 from warmgate_contract.shapes import Shape, plan_warmup
 
+from .objects import condition as find_condition
+from .objects import parse_time
+
 
 @dataclass(frozen=True)
 class Expectation:
@@ -48,7 +51,45 @@ class Expectation:
 Identity = tuple[str | None, str]
 """What a server loaded: (hub commit or None for a plain folder, weights digest)."""
 
-_LOADED = re.compile(r"loaded commit=([\w.-]+) weights=(sha256:[0-9a-f]+)")
+
+@dataclass(frozen=True)
+class GateState:
+    """What the gate last judged on a pod (its GATE_STATE_ANNOTATION): which pod and process
+    (its restart count then), and the files its server had loaded, if it said."""
+
+    uid: str
+    restarts: int
+    identity: Identity | None = None
+
+    def to_json(self) -> str:
+        commit, digest = self.identity or (None, None)
+        document = {
+            "uid": self.uid,
+            "restarts": self.restarts,
+            "commit": commit,
+            "weightsDigest": digest,
+        }
+        return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def of(cls, pod: Mapping[str, Any]) -> GateState | None:
+        """The pod's recorded state; None when there is none, it cannot be read, or it was
+        written for another pod (an annotation copied by hand)."""
+        meta = pod.get("metadata") or {}
+        raw = (meta.get("annotations") or {}).get(GATE_STATE_ANNOTATION)
+        try:
+            document = json.loads(raw) if raw else None
+            if not isinstance(document, dict) or document.get("uid") != meta.get("uid"):
+                return None
+            digest = document.get("weightsDigest")
+            identity = (document.get("commit"), str(digest)) if digest else None
+            return cls(str(document["uid"]), int(document["restarts"]), identity)
+        except (ValueError, TypeError, KeyError):
+            return None
+
+    def speaks_for(self, pod: Mapping[str, Any]) -> bool:
+        """Whether it was written for the pod's current process (no restart since)."""
+        return self.restarts == restart_count(pod)
 
 
 def describe_identity(identity: Identity) -> str:
@@ -230,23 +271,14 @@ def check_same_files(verdict: Verdict, reference: Identity | None, holder: str) 
 
 
 def loaded_identity(pod: Mapping[str, Any]) -> Identity | None:
-    """What a pod's server loaded: as the gate recorded it in the warmgate.dev/warmed condition
-    when it verified the pod, else as the warmgate.dev/loaded condition of an ungated pod
-    recorded it for the pod's current process."""
+    """What a pod's server loaded, as the gate recorded it for the pod's current process:
+    when it verified the pod (warmgate.dev/warmed True), or, for an ungated pod, in its
+    warmgate.dev/loaded condition."""
     verified = condition(pod)
-    if verified and verified.get("status") == "True":
-        return _identity_in(verified.get("message") or "")
-    if identity_recorded(pod):
-        return _identity_in((condition(pod, LOADED_CONDITION) or {}).get("message") or "")
-    return None
-
-
-def _identity_in(message: str) -> Identity | None:
-    match = _LOADED.search(message)
-    if match is None:
+    if not (verified and verified.get("status") == "True") and not identity_recorded(pod):
         return None
-    commit = None if match.group(1) == "-" else match.group(1)
-    return commit, match.group(2)
+    state = GateState.of(pod)
+    return state.identity if state is not None and state.speaks_for(pod) else None
 
 
 def records_identity(pod: Mapping[str, Any]) -> bool:
@@ -262,7 +294,8 @@ def identity_recorded(pod: Mapping[str, Any]) -> bool:
     current = condition(pod, LOADED_CONDITION)
     if not current or current.get("status") != "True":
         return False
-    return (current.get("message") or "").endswith(f"(restarts={restart_count(pod)})")
+    state = GateState.of(pod)
+    return state is not None and state.speaks_for(pod)
 
 
 def identity_verdict(document: Any) -> Verdict | None:
@@ -296,10 +329,7 @@ def verification_passes(
 
 
 def condition(pod: Mapping[str, Any], condition_type: str = WARMED_CONDITION) -> dict | None:
-    for item in pod.get("status", {}).get("conditions", []) or []:
-        if item.get("type") == condition_type:
-            return dict(item)
-    return None
+    return find_condition(pod, condition_type)
 
 
 def has_gate(pod: Mapping[str, Any]) -> bool:
@@ -315,19 +345,10 @@ def containers_ready(pod: Mapping[str, Any]) -> bool:
 
 def containers_ready_since(pod: Mapping[str, Any]) -> float | None:
     """When the pod's ContainersReady condition last turned True (Unix time), or None."""
-    for item in pod.get("status", {}).get("conditions", []) or []:
-        if item.get("type") == "ContainersReady" and item.get("status") == "True":
-            stamp = item.get("lastTransitionTime")
-            if stamp:
-                try:
-                    return (
-                        datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")
-                        .replace(tzinfo=UTC)
-                        .timestamp()
-                    )
-                except ValueError:
-                    return None
-    return None
+    ready = find_condition(pod, "ContainersReady")
+    if ready is None or ready.get("status") != "True":
+        return None
+    return parse_time(ready.get("lastTransitionTime"))
 
 
 def container_running(pod: Mapping[str, Any]) -> bool:
@@ -341,26 +362,27 @@ def restart_count(pod: Mapping[str, Any]) -> int:
 
 
 def restarted_since_verified(pod: Mapping[str, Any]) -> bool:
-    """True when the gate says warm but a container has restarted since: the restart count in
-    the verified message is behind the pod's, or a container started after the condition's
-    transition. Either way the new process has not been verified."""
+    """True when the gate says warm but a container has restarted since: the restart count the
+    gate recorded is behind the pod's, or a container started after the condition's
+    transition. Either way the new process has not been verified. A verified pod with no
+    recorded state (verified by an operator before this one) is judged by its report instead,
+    without closing its gate first."""
     current = condition(pod)
     if not current or current.get("status") != "True":
         return False
-    verified_at = current.get("lastTransitionTime") or ""
-    marker = f"(restarts={restart_count(pod)})"
-    if marker not in (current.get("message") or ""):
+    state = GateState.of(pod)
+    if state is not None and not state.speaks_for(pod):
         return True
+    verified_at = parse_time(current.get("lastTransitionTime"))
     for status in pod.get("status", {}).get("containerStatuses", []) or []:
-        started = (status.get("state", {}).get("running") or {}).get("startedAt") or ""
-        if started and verified_at and started > verified_at:
+        started = parse_time((status.get("state", {}).get("running") or {}).get("startedAt"))
+        if started is not None and verified_at is not None and started > verified_at:
             return True
     return False
 
 
 def desired_condition(
     verdict: Verdict,
-    restarts: int,
     existing: Mapping[str, Any] | None,
     now: str,
     condition_type: str = WARMED_CONDITION,
@@ -375,22 +397,37 @@ def desired_condition(
         "type": condition_type,
         "status": status,
         "reason": verdict.reason,
-        "message": f"{verdict.message} (restarts={restarts})",
+        "message": verdict.message,
         "lastProbeTime": None,
         "lastTransitionTime": transition,
     }
 
 
-def condition_changed(existing: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:
-    if existing is None:
+def desired_state(pod: Mapping[str, Any], verdict: Verdict) -> GateState:
+    """The state to record beside a verdict: this pod and process, and what its server loaded."""
+    uid = str((pod.get("metadata") or {}).get("uid"))
+    return GateState(uid, restart_count(pod), verdict.identity)
+
+
+def needs_write(
+    pod: Mapping[str, Any],
+    existing: Mapping[str, Any] | None,
+    desired: Mapping[str, Any],
+    state: GateState,
+) -> bool:
+    """Whether writing `desired` and `state` would change the pod's condition or state."""
+    if existing is None or GateState.of(pod) != state:
         return True
     return any(existing.get(key) != desired.get(key) for key in ("status", "reason", "message"))
 
 
-def status_patch(desired: Mapping[str, Any], resource_version: str | None) -> dict[str, Any]:
-    """A strategic-merge patch for `pods/<name>/status`: conditions merge by type, so kubelet's
-    own conditions are left alone; the resourceVersion makes a stale write fail with 409."""
-    body: dict[str, Any] = {"status": {"conditions": [dict(desired)]}}
+def status_patch(
+    desired: Mapping[str, Any], state: GateState, resource_version: str | None
+) -> dict[str, Any]:
+    """A strategic-merge patch for `pods/<name>/status` (which may change the pod's
+    annotations too): conditions merge by type, so kubelet's own conditions are left alone;
+    the resourceVersion makes a stale write fail with 409."""
+    meta: dict[str, Any] = {"annotations": {GATE_STATE_ANNOTATION: state.to_json()}}
     if resource_version:
-        body["metadata"] = {"resourceVersion": resource_version}
-    return body
+        meta["resourceVersion"] = resource_version
+    return {"metadata": meta, "status": {"conditions": [dict(desired)]}}

@@ -9,28 +9,26 @@ reads what the server loaded once the pod is ready and records it in the pod's
 
 Workers live in memory, keyed by pod uid: kopf timers and daemons would put finalizers on pods,
 and the gate must never block a pod's deletion. Pod watch events (`observe`) start, feed and
-stop them; after a restart of the operator the watch's initial listing starts them again.
+stop them: a listing starts them after a restart of the operator, and a relist stops those of
+pods deleted while the watch was away (watch.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
-
-import aiohttp
 
 from warmgate_contract import names
 
-from . import gate, metrics
-from .kube import POD
-from .relist import Confirmations, Exists
+from . import gate
+from .metrics import Metrics
+from .objects import rfc3339
+from .podclient import ERRORS, PodClient
 
 log = logging.getLogger("warmgate.gate")
 
@@ -39,11 +37,6 @@ log = logging.getLogger("warmgate.gate")
 class GateConfig:
     """How the gatekeeper probes pods (operator-wide settings)."""
 
-    report_timeout_seconds: float = 5.0
-    # The most bytes read of a pod's answer (a /ready report is a few kB), and the most pod
-    # calls in flight at once, whatever the number of pods.
-    max_report_bytes: int = 1 << 20
-    max_concurrent_calls: int = 32
     # Retry backoff for a pod whose report does not pass yet: first, factor, cap.
     backoff_initial_seconds: float = 1.0
     backoff_factor: float = 2.0
@@ -64,67 +57,16 @@ EventSink = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
 """async (pod, type 'Normal'|'Warning', reason, message) -> None"""
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+@dataclass(frozen=True)
+class PodWarning:
+    """A Warning Event to record about a pod (once, not at every retry)."""
+
+    reason: str
+    message: str
 
 
 def pod_address(pod: Mapping[str, Any]) -> str | None:
     return pod.get("status", {}).get("podIP")
-
-
-class ReportClient:
-    """Fetches `/ready` and times a verification request over plain HTTP to the pod's IP."""
-
-    def __init__(self, session: aiohttp.ClientSession, config: GateConfig) -> None:
-        self._session = session
-        self._config = config
-        self._slots = asyncio.Semaphore(config.max_concurrent_calls)
-
-    async def report(self, host: str, port: int) -> tuple[int, Any]:
-        """GET /ready: (status, parsed JSON or None). Bounded in time, in bytes read and in
-        calls in flight; raises aiohttp.ClientError, TimeoutError or OSError."""
-        timeout = aiohttp.ClientTimeout(total=self._config.report_timeout_seconds)
-        async with self._slots:
-            try:
-                async with self._session.get(
-                    f"http://{host}:{port}/ready", timeout=timeout
-                ) as response:
-                    raw = await read_capped(response, self._config.max_report_bytes)
-                    status = response.status
-            except (aiohttp.ClientError, TimeoutError, OSError) as error:
-                metrics.POD_CALLS.labels(path="/ready", result=type(error).__name__).inc()
-                raise
-        metrics.POD_CALLS.labels(path="/ready", result=str(status)).inc()
-        try:
-            body = json.loads(raw) if raw else None
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            body = None
-        return status, body
-
-    async def time_request(self, host: str, port: int, batch_size: int) -> float:
-        """Milliseconds for one `/embed` request of `batch_size` short inputs."""
-        timeout = aiohttp.ClientTimeout(total=self._config.report_timeout_seconds)
-        payload = {"inputs": [self._config.verify_text] * batch_size}
-        async with self._slots:
-            started = time.perf_counter()
-            async with self._session.post(
-                f"http://{host}:{port}/embed", json=payload, timeout=timeout
-            ) as response:
-                await read_capped(response, self._config.max_report_bytes)
-                metrics.POD_CALLS.labels(path="/embed", result=str(response.status)).inc()
-                response.raise_for_status()
-            return (time.perf_counter() - started) * 1000.0
-
-
-async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The body, or aiohttp.ClientPayloadError once it runs past `limit` bytes."""
-    chunks, size = [], 0
-    async for chunk in response.content.iter_chunked(65536):
-        size += len(chunk)
-        if size > limit:
-            raise aiohttp.ClientPayloadError(f"answer over {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 @dataclass
@@ -140,16 +82,16 @@ class Gatekeeper:
     def __init__(
         self,
         writer: PodStatusWriter,
-        reports: ReportClient,
+        pods: PodClient,
         events: EventSink,
-        config: GateConfig,
+        metrics: Metrics,
+        config: GateConfig = GateConfig(),
         verify_latency: Callable[[Mapping[str, Any]], bool] = lambda pod: False,
-        exists: Exists | None = None,
     ) -> None:
-        self._confirmations = Confirmations(exists)
         self._writer = writer
-        self._reports = reports
+        self._pods = pods
         self._events = events
+        self._metrics = metrics
         self._config = config
         self._verify_latency = verify_latency
         self._workers: dict[str, _Worker] = {}
@@ -162,14 +104,8 @@ class Gatekeeper:
     def active(self) -> int:
         return sum(1 for worker in self._workers.values() if worker.task and not worker.task.done())
 
-    def relisted(self) -> None:
-        """The pod watch started again: a pod deleted in the gap sent no event, so each worker
-        checks its pod still exists before its next call (unless an event comes first)."""
-        self._confirmations.relisted(self._workers)
-
     def observe(self, event_type: str | None, pod: Mapping[str, Any]) -> None:
         uid = pod.get("metadata", {}).get("uid")
-        self._confirmations.seen(uid)
         if not uid or not (gate.has_gate(pod) or gate.records_identity(pod)):
             return
         if event_type == "DELETED" or pod.get("metadata", {}).get("deletionTimestamp"):
@@ -233,16 +169,12 @@ class Gatekeeper:
 
     async def _run(self, uid: str) -> None:
         backoff = self._config.backoff_initial_seconds
-        last_warning: str | None = None
+        last_warning: PodWarning | None = None
         while uid in self._workers:
             worker = self._workers[uid]
             assert worker.wake is not None
             worker.wake.clear()
             pod = worker.pod
-            if await self._confirmations.still_there(uid, pod) is False:
-                log.info("pod %s was deleted while the watch was down", _name(pod))
-                self._stop(uid)
-                return
             step = self._step if gate.has_gate(pod) else self._record_identity
             try:
                 delay, warning = await step(pod, backoff)
@@ -252,8 +184,7 @@ class Gatekeeper:
                 log.warning("warm gate step failed for %s: %s", _name(pod), error)
                 delay, warning = backoff, None
             if warning and warning != last_warning:
-                reason, message = warning.split("\0", 1)
-                await self._events(pod, "Warning", reason, message)
+                await self._events(pod, "Warning", warning.reason, warning.message)
             last_warning = warning
             if delay is None:
                 backoff = self._config.backoff_initial_seconds
@@ -268,10 +199,9 @@ class Gatekeeper:
 
     async def _step(
         self, pod: Mapping[str, Any], backoff: float
-    ) -> tuple[float | None, str | None]:
+    ) -> tuple[float | None, PodWarning | None]:
         """One look at the pod. Returns (retry delay or None when settled, warning to emit)."""
         existing = gate.condition(pod)
-        restarts = gate.restart_count(pod)
         verified = bool(existing and existing.get("status") == "True")
         if verified and gate.restarted_since_verified(pod):
             verdict = gate.Verdict(
@@ -279,7 +209,7 @@ class Gatekeeper:
                 names.REASON_RESTARTED,
                 "a container restarted after the warmup was verified; verifying the new process",
             )
-            await self._write(pod, verdict, restarts, existing)
+            await self._write(pod, verdict, existing)
             return backoff, None
         expected = gate.expectation_for(pod)
         host = pod_address(pod)
@@ -289,50 +219,51 @@ class Gatekeeper:
                 # change of warm state: kubelet's probe takes the pod out and puts it back on
                 # its own, without waiting for this operator. Only a restart (above) or a
                 # regressed report closes the gate.
-                return await self._check_regression(pod, restarts, existing, backoff)
+                return await self._check_regression(pod, existing, backoff)
             if expected is None or host is None or not gate.container_running(pod):
                 # Not started yet; the next pod event wakes us.
                 return self._config.backoff_max_seconds, None
             # Running but not ready: loading, warming, or failed. Only a failure is news: say
             # why on the pod and in an Event, so a stalled rollout explains itself.
             try:
-                _, report = await self._reports.report(host, expected.port)
-            except (aiohttp.ClientError, TimeoutError, OSError):
+                _, report = await self._pods.get_json(host, expected.port, "/ready")
+            except ERRORS:
                 return backoff, None
             verdict = gate.evaluate_report(report, expected)
             if verdict.reason != names.REASON_FAILED:
                 return backoff, None
-            await self._write(pod, verdict, restarts, existing)
-            return backoff, f"{verdict.reason}\0{_name(pod)}: {verdict.message}"
+            await self._write(pod, verdict, existing)
+            return backoff, PodWarning(verdict.reason, f"{_name(pod)}: {verdict.message}")
         if expected is None or host is None:
             return None, None
         try:
-            _, report = await self._reports.report(host, expected.port)
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            _, report = await self._pods.get_json(host, expected.port, "/ready")
+        except ERRORS as error:
             if verified:  # a transient blip on a serving pod; kubelet's probes own liveness
                 return backoff, None
             verdict = gate.Verdict(False, names.REASON_UNREACHABLE, f"GET /ready failed: {error}")
-            await self._write(pod, verdict, restarts, existing)
+            await self._write(pod, verdict, existing)
             return backoff, None
-        if verified and not gate.regressed(report):
+        recorded = gate.GateState.of(pod) is not None
+        if verified and recorded and not gate.regressed(report):
             return None, None  # still the verified process, in a warm state
         verdict = gate.evaluate_report(report, expected)
         if verdict.passed and self._verify_latency(pod) and verdict.probe_shape:
             verdict = await self._verify(host, expected.port, verdict)
         verdict = self._judge_files(pod, verdict)
-        if verified and verdict.passed:
+        if verified and recorded and verdict.passed:
             return None, None
-        await self._write(pod, verdict, restarts, existing)
+        await self._write(pod, verdict, existing)
         if verdict.passed:
             log.info("pod %s warm gate open: %s", _name(pod), verdict.message)
             return None, None
-        warning = f"{verdict.reason}\0{_name(pod)}: {verdict.message}"
-        quiet = verdict.reason == names.REASON_NOT_READY
-        return backoff, None if quiet else warning
+        if verdict.reason == names.REASON_NOT_READY:
+            return backoff, None
+        return backoff, PodWarning(verdict.reason, f"{_name(pod)}: {verdict.message}")
 
     async def _record_identity(
         self, pod: Mapping[str, Any], backoff: float
-    ) -> tuple[float | None, str | None]:
+    ) -> tuple[float | None, PodWarning | None]:
         """An ungated pod: once ready, record what its server loaded (again after a restart).
         Settled, it costs no call: the condition says whether it speaks for this process."""
         if gate.identity_recorded(pod):
@@ -341,48 +272,40 @@ class Gatekeeper:
         if expected is None or host is None or not gate.containers_ready(pod):
             return self._config.backoff_max_seconds, None  # the next pod event wakes us
         try:
-            _, report = await self._reports.report(host, expected.port)
-        except (aiohttp.ClientError, TimeoutError, OSError):
+            _, report = await self._pods.get_json(host, expected.port, "/ready")
+        except ERRORS:
             return backoff, None
         verdict = gate.identity_verdict(report)
         if verdict is None:  # not a report, or no files named yet: ask again
             return backoff, None
         existing = gate.condition(pod, names.LOADED_CONDITION)
-        restarts = gate.restart_count(pod)
-        desired = gate.desired_condition(
-            verdict, restarts, existing, _now(), names.LOADED_CONDITION
-        )
-        if gate.condition_changed(existing, desired):
-            await self._patch(pod, desired)
+        await self._patch(pod, verdict, existing, names.LOADED_CONDITION)
         return None, None
 
     async def _check_regression(
-        self,
-        pod: Mapping[str, Any],
-        restarts: int,
-        existing: Mapping[str, Any] | None,
-        backoff: float,
-    ) -> tuple[float | None, str | None]:
+        self, pod: Mapping[str, Any], existing: Mapping[str, Any] | None, backoff: float
+    ) -> tuple[float | None, PodWarning | None]:
         """A verified pod whose containers are not ready: close the gate only if its report
         says the warm state changed; an unreachable pod is kubelet's business."""
         expected, host = gate.expectation_for(pod), pod_address(pod)
         if expected is None or host is None:
             return backoff, None
         try:
-            _, report = await self._reports.report(host, expected.port)
-        except (aiohttp.ClientError, TimeoutError, OSError):
+            _, report = await self._pods.get_json(host, expected.port, "/ready")
+        except ERRORS:
             return backoff, None
         if not gate.regressed(report):
             return backoff, None
-        await self._write(pod, gate.evaluate_report(report, expected), restarts, existing)
+        await self._write(pod, gate.evaluate_report(report, expected), existing)
         return backoff, None
 
     async def _verify(self, host: str, port: int, verdict: gate.Verdict) -> gate.Verdict:
         assert verdict.probe_shape is not None
         batch_size = verdict.probe_shape[0]
         try:
-            measured = await self._reports.time_request(host, port, batch_size)
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            inputs = [self._config.verify_text] * batch_size
+            measured = await self._pods.time_request(host, port, inputs)
+        except ERRORS as error:
             return gate.Verdict(False, names.REASON_UNREACHABLE, f"verification request: {error}")
         steady = verdict.steady_ms or 0.0
         if gate.verification_passes(
@@ -402,45 +325,36 @@ class Gatekeeper:
         )
 
     async def _write(
-        self,
-        pod: Mapping[str, Any],
-        verdict: gate.Verdict,
-        restarts: int,
-        existing: Mapping[str, Any] | None,
+        self, pod: Mapping[str, Any], verdict: gate.Verdict, existing: Mapping[str, Any] | None
     ) -> None:
-        desired = gate.desired_condition(verdict, restarts, existing, _now())
-        if not gate.condition_changed(existing, desired):
+        if not await self._patch(pod, verdict, existing, names.WARMED_CONDITION):
             return
-        await self._patch(pod, desired)
-        metrics.GATE_VERIFICATIONS.labels(reason=verdict.reason).inc()
+        self._metrics.gate_verifications.labels(reason=verdict.reason).inc()
         if verdict.passed:
             ready_since = gate.containers_ready_since(pod)
             if ready_since is not None:
-                metrics.GATE_LATENCY.observe(max(0.0, time.time() - ready_since))
+                self._metrics.gate_latency.observe(max(0.0, time.time() - ready_since))
             await self._events(pod, "Normal", verdict.reason, verdict.message)
 
-    async def _patch(self, pod: Mapping[str, Any], desired: Mapping[str, Any]) -> None:
+    async def _patch(
+        self,
+        pod: Mapping[str, Any],
+        verdict: gate.Verdict,
+        existing: Mapping[str, Any] | None,
+        condition_type: str,
+    ) -> bool:
+        """Write the verdict's condition and the state it was judged in, unless the pod has
+        them already; whether it wrote."""
+        desired = gate.desired_condition(verdict, existing, rfc3339(), condition_type)
+        state = gate.desired_state(pod, verdict)
+        if not gate.needs_write(pod, existing, desired, state):
+            return False
         meta = pod["metadata"]
-        body = gate.status_patch(desired, meta.get("resourceVersion"))
+        body = gate.status_patch(desired, state, meta.get("resourceVersion"))
         await self._writer.patch_status(meta["namespace"], meta["name"], body)
+        return True
 
 
 def _name(pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata", {})
     return f"{meta.get('namespace')}/{meta.get('name')}"
-
-
-class KubeClientStatusWriter:
-    """Patches `pods/<name>/status` with a strategic-merge patch: conditions merge by type,
-    so kubelet's own conditions are left as they are."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-
-    async def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        await self._client.request(
-            "PATCH",
-            POD.path(namespace, name, "status"),
-            body=body,
-            content_type="application/strategic-merge-patch+json",
-        )

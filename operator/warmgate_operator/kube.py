@@ -2,7 +2,9 @@
 
 It rides on the official client's configuration and authentication (kubeconfig, in-cluster
 service account, token refresh) but skips its model classes: the operator works with plain
-dicts from the builders. Calls run in a bounded thread pool so the event loop never blocks.
+dicts from the builders. Calls run in a bounded thread pool so the event loop never blocks;
+watch streams, which stay open for minutes, are read with aiohttp on the event loop itself
+(same server, certificates and token), one connection each.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
+import aiohttp
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -35,14 +39,62 @@ class ResourceKind:
     kind: str
     plural: str
 
-    def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
-        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
-        path = f"{base}/namespaces/{quote(namespace, safe='')}/{self.plural}"
-        if name is not None:
-            path += "/" + quote(name, safe="")
-        if subresource is not None:
-            path += "/" + subresource
-        return path
+    def path(
+        self, namespace: str | None, name: str | None = None, subresource: str | None = None
+    ) -> str:
+        """The object's path; a collection's without `name`, every namespace's with
+        `namespace` None."""
+        return resource_path(self.api_version, self.plural, namespace, name, subresource)
+
+
+def resource_path(
+    api_version: str,
+    plural: str,
+    namespace: str | None = None,
+    name: str | None = None,
+    subresource: str | None = None,
+) -> str:
+    """`/api/v1/namespaces/NS/pods/NAME`, `/apis/GROUP/VERSION/PLURAL`, ..."""
+    path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    if namespace is not None:
+        path += f"/namespaces/{quote(namespace, safe='')}"
+    path += f"/{plural}"
+    if name is not None:
+        path += "/" + quote(name, safe="")
+    if subresource is not None:
+        path += "/" + subresource
+    return path
+
+
+def send(
+    api: k8s_client.ApiClient,
+    method: str,
+    path: str,
+    body: Any = None,
+    query: Sequence[tuple[str, str]] = (),
+    content_type: str | None = None,
+    timeout: float = 30.0,
+) -> tuple[int, bytes]:
+    """One request with the official client's configuration and authentication: (status,
+    body), whatever the status. Raises urllib3's errors or OSError when nothing answered.
+    What both the operator (KubeClient, in its threads) and the devcluster's tools use."""
+    headers = {"Accept": "application/json"}
+    if content_type:
+        headers["Content-Type"] = content_type
+    request = api.param_serialize(
+        method=method,
+        resource_path=path,
+        query_params=list(query),
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    try:
+        response = api.call_api(*request, _request_timeout=timeout)
+        return response.status, response.read()
+    except ApiException as error:
+        data = error.body or error.reason or b""
+        return error.status or 0, data if isinstance(data, bytes) else str(data).encode()
 
 
 CONFIGMAP = ResourceKind("v1", "ConfigMap", "configmaps")
@@ -80,7 +132,10 @@ class KubeClient:
         self._api = api_client
         self._api.user_agent = USER_AGENT
         self._executor = ThreadPoolExecutor(max_threads, thread_name_prefix="kube")
+        self._streams: aiohttp.ClientSession | None = None
         self.requests: Counter[str] = Counter()
+        """Requests made, by verb and resource: `GET deployments`, `LIST pods` (a collection),
+        `WATCH pods` (one per watch request), `PATCH embeddingservices/status`."""
         self.write_fence: Callable[[], bool] | None = None
         self.on_fence: Callable[[], None] = lambda: None
 
@@ -99,6 +154,13 @@ class KubeClient:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._api.close()
 
+    async def aclose(self) -> None:
+        """Close the watch streams' connections too (from the event loop that read them)."""
+        if self._streams is not None:
+            await self._streams.close()
+            self._streams = None
+        self.close()
+
     @property
     def writes(self) -> int:
         return sum(n for key, n in self.requests.items() if key.split()[0] in WRITE_METHODS)
@@ -111,28 +173,10 @@ class KubeClient:
         query: Sequence[tuple[str, str]],
         content_type: str | None,
     ) -> Any:
-        headers = {"Accept": "application/json"}
-        if content_type:
-            headers["Content-Type"] = content_type
-        request = self._api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list(query),
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        try:
-            response = self._api.call_api(*request, _request_timeout=30)
-            data = response.read()
-            status = response.status
-        except ApiException as error:
-            status, data = error.status or 0, (error.body or "")
+        status, data = send(self._api, method, path, body, query, content_type)
         if not 200 <= status <= 299:
-            raise _api_error(status, data)
-        if not data:
-            return None
-        return json.loads(data)
+            raise api_error(status, data)
+        return json.loads(data) if data else None
 
     def call_sync(self, method: str, path: str, body: Any = None) -> Any:
         """One call from a thread of the caller's own (leader election); not fenced."""
@@ -149,7 +193,7 @@ class KubeClient:
         if method in WRITE_METHODS and self.write_fence is not None and not self.write_fence():
             self.on_fence()
             raise NotLeader(0, "NotLeader", f"{method} {path}: this replica is not the leader")
-        self.requests[f"{method} {_resource_of(path)}"] += 1
+        self.requests[_request_key(method, path)] += 1
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._executor, self._call, method, path, body, query, content_type
@@ -164,12 +208,76 @@ class KubeClient:
             raise
 
     async def list(
-        self, kind: ResourceKind, namespace: str, label_selector: str
-    ) -> list[dict[str, Any]]:
-        result = await self.request(
-            "GET", kind.path(namespace), query=[("labelSelector", label_selector)]
-        )
-        return list(result.get("items") or [])
+        self,
+        kind: ResourceKind,
+        namespace: str | None,
+        label_selector: str = "",
+        page_size: int = 500,
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every object of `kind` (in `namespace`, or in every one with None) that the selector
+        matches, read `page_size` at a time, and the listing's resourceVersion, from which a
+        watch continues."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            query = [("limit", str(page_size))]
+            if label_selector:
+                query.append(("labelSelector", label_selector))
+            if token:
+                query.append(("continue", token))
+            page = await self.request("GET", kind.path(namespace), query=query)
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or ""
+            if not token:
+                return items, str(meta.get("resourceVersion") or "")
+
+    async def watch(
+        self,
+        kind: ResourceKind,
+        namespace: str | None,
+        resource_version: str,
+        label_selector: str = "",
+        timeout_seconds: int = 300,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The events of one watch request from `resource_version` (ADDED, MODIFIED, DELETED,
+        BOOKMARK, ERROR), as the apiserver sends them; ends when it closes the stream (after
+        `timeout_seconds`). ApiError when the request itself is refused (410: the version is
+        too old), aiohttp.ClientError or TimeoutError when the connection fails."""
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        if label_selector:
+            query["labelSelector"] = label_selector
+        path = kind.path(namespace)
+        self.requests[f"WATCH {_resource_of(path)}"] += 1
+        configuration = self._api.configuration
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        for setting in configuration.auth_settings().values():
+            if setting["in"] == "header" and setting["value"]:
+                headers[setting["key"]] = setting["value"]
+        # No read deadline beyond the server's own: a quiet stream is a healthy one.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30)
+        url = f"{configuration.host}{path}?{urlencode(query)}"
+        async with self._stream_session().get(url, headers=headers, timeout=timeout) as response:
+            if response.status != 200:
+                raise api_error(response.status, await response.read())
+            buffered = b""
+            async for chunk in response.content.iter_any():
+                buffered += chunk
+                *lines, buffered = buffered.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+
+    def _stream_session(self) -> aiohttp.ClientSession:
+        if self._streams is None:
+            connector = aiohttp.TCPConnector(ssl=_ssl_context(self._api.configuration))
+            self._streams = aiohttp.ClientSession(connector=connector, trust_env=False)
+        return self._streams
 
     async def apply(
         self, kind: ResourceKind, obj: Mapping[str, Any], field_manager: str
@@ -217,22 +325,50 @@ class KubeClient:
         return await self.request("POST", kind.path(namespace), body=dict(body))
 
 
+def _ssl_context(configuration: k8s_client.Configuration) -> ssl.SSLContext | bool:
+    """The TLS settings the official client uses for requests, for aiohttp's streams."""
+    if not configuration.host.startswith("https"):
+        return False
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, configuration.key_file)
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _resource_parts(path: str) -> list[str]:
+    """`/apis/apps/v1/namespaces/ns/deployments/x` -> [deployments, x]; `/api/v1/pods` ->
+    [pods]."""
+    parts = path.split("?", 1)[0].strip("/").split("/")
+    if "namespaces" in parts and parts.index("namespaces") + 2 < len(parts):
+        return parts[parts.index("namespaces") + 2 :]
+    return parts[2:] if parts[0] == "api" else parts[3:]
+
+
 def _resource_of(path: str) -> str:
     """`/apis/apps/v1/namespaces/ns/deployments/x` -> `deployments`; a subresource is kept."""
-    parts = path.split("?", 1)[0].strip("/").split("/")
-    if "namespaces" in parts:
-        parts = parts[parts.index("namespaces") + 2 :]
+    parts = _resource_parts(path)
     if not parts:
         return "?"
     return parts[0] + (f"/{parts[2]}" if len(parts) > 2 else "")
 
 
-def _api_error(status: int, data: Any) -> ApiError:
-    reason, message = "", ""
+def _request_key(method: str, path: str) -> str:
+    """How a request is counted: its verb (LIST for a GET of a collection) and resource."""
+    verb = "LIST" if method == "GET" and len(_resource_parts(path)) == 1 else method
+    return f"{verb} {_resource_of(path)}"
+
+
+def api_error(status: int, data: bytes | str | None) -> ApiError:
+    """The ApiError of an answer outside 2xx: the apiserver's reason and message when it sent
+    a Status, else the body as it came."""
+    text = data.decode(errors="replace") if isinstance(data, bytes) else str(data or "")
     try:
-        payload = json.loads(data) if data else {}
-        reason = payload.get("reason", "")
-        message = payload.get("message", "")
-    except (TypeError, ValueError):
-        message = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-    return ApiError(status, reason, message)
+        payload = json.loads(text) if text else None
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict) and ("reason" in payload or "message" in payload):
+        return ApiError(status, str(payload.get("reason", "")), str(payload.get("message", "")))
+    return ApiError(status, "", text)

@@ -22,17 +22,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
+
+from .objects import micro_time
 
 log = logging.getLogger("warmgate.leader")
 
 Call = Callable[[str, str, Any], Any]
 """Synchronous API call: (method, path, body) -> parsed JSON; raises with `.status`."""
-
-
-def _micro_time() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def lease_path(namespace: str, name: str | None = None) -> str:
@@ -78,7 +75,7 @@ class LeaderElector:
     # ------------------------------------------------------------------ one attempt
     def try_acquire_or_renew(self) -> bool:
         """One attempt; True when this replica holds the Lease afterwards."""
-        now_text = _micro_time()
+        now_text = micro_time()
         try:
             lease = self.call("GET", lease_path(self.namespace, self.name), None)
         except Exception as error:

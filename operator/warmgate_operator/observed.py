@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import aiohttp
-
-from warmgate_contract.names import SERVER_PORT, SERVICE_LABEL
+from warmgate_contract.names import SERVER_PORT
 from warmgate_contract.report import (
     ReadyReport,
     ReportError,
@@ -29,11 +26,11 @@ from warmgate_contract.report import (
     render_profile,
 )
 
-from .controller import Key
-from .gatekeeper import read_capped
-from .kube import EMBEDDING_SERVICE, POD, ApiError
+from .kube import EMBEDDING_SERVICE, POD, ApiError, KubeClient
+from .podclient import ERRORS, PodClient
 from .spec import EmbeddingServiceSpec, ParsedSpecs, SpecError
 from .status import is_pod_ready
+from .watch import Cache, Key
 
 log = logging.getLogger("warmgate.observed")
 
@@ -102,23 +99,22 @@ def status_patch(
 
 
 class TrafficObserver:
-    """One collection loop per EmbeddingService, in memory (no finalizers, no annotations)."""
+    """One collection loop per EmbeddingService, in memory (no finalizers, no annotations);
+    the pods come from the watch cache."""
 
     def __init__(
         self,
-        client: Any,
-        session: aiohttp.ClientSession,
-        bodies: Any,
-        specs: ParsedSpecs | None = None,
+        client: KubeClient,
+        pods: PodClient,
+        cache: Cache,
+        specs: ParsedSpecs,
         port: int = SERVER_PORT,
-        max_bytes: int = 1 << 20,
     ) -> None:
-        self._port = port
-        self._max_bytes = max_bytes
         self._client = client
-        self._session = session
-        self._bodies = bodies  # callable: Key -> latest body or None
-        self._specs = specs or ParsedSpecs()
+        self._pods = pods
+        self._cache = cache
+        self._specs = specs
+        self._port = port
         self._tasks: dict[Key, asyncio.Task] = {}
 
     def _settings(self, body: Mapping[str, Any]) -> tuple[bool, int, float]:
@@ -148,7 +144,7 @@ class TrafficObserver:
 
     async def _run(self, key: Key) -> None:
         while True:
-            body = self._bodies(key)
+            body = self._cache.services.get(*key)
             if body is None:
                 return
             enabled, _, refresh = self._settings(body)
@@ -163,28 +159,25 @@ class TrafficObserver:
                 log.warning("observed traffic of %s/%s: %s", key[0], key[1], error)
 
     async def _fetch(self, pod: Mapping[str, Any], path: str) -> Any:
+        """The pod's answer to GET `path` (a /ready report whatever its status, other paths
+        only when 200); None when it gave none."""
         address = (pod.get("status") or {}).get("podIP")
         if not address:
             return None
-        timeout = aiohttp.ClientTimeout(total=5)
-        url = f"http://{address}:{self._port}{path}"
         try:
-            async with self._session.get(url, timeout=timeout) as response:
-                if response.status != 200 and path != "/ready":
-                    return None
-                raw = await read_capped(response, self._max_bytes)
-            return json.loads(raw)
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, RecursionError):
+            status, document = await self._pods.get_json(address, self._port, path)
+        except ERRORS:
             return None
+        return document if status == 200 or path == "/ready" else None
 
     async def collect(self, key: Key) -> bool:
         """One round; True when the status was written."""
         namespace, name = key
-        body = self._bodies(key)
+        body = self._cache.services.get(namespace, name)
         if body is None:
             return False
         _, max_shapes, _ = self._settings(body)
-        pods = await self._client.list(POD, namespace, f"{SERVICE_LABEL}={name}")
+        pods = self._cache.owned(POD, namespace, name)
         ready = [p for p in pods if is_pod_ready(p) and not p["metadata"].get("deletionTimestamp")]
         if not ready:
             return False
@@ -195,6 +188,8 @@ class TrafficObserver:
         if operations is None:
             return False
         try:
+            # Not recorded in the cache: its watch event is what makes reconcile write the new
+            # shapes into the warmup-profile ConfigMap.
             await self._client.json_patch(
                 EMBEDDING_SERVICE, namespace, name, operations, subresource="status"
             )

@@ -3,6 +3,7 @@
 The same function runs for a new object, a spec change, an operator restart, a child's change
 and the periodic resync; it never asks what changed. Build the desired children, make each match
 (writing only differences), read what is there, compute the status, write it if different.
+What is there is read from the watch cache: a reconcile that changes nothing makes no request.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import apply
-from .builders import Owner, build_children, configmap_name, content_hash, selector_string
+from .builders import Owner, build_children, configmap_name
 from .config import OperatorConfig
-from .events import EventRecorder, now_rfc3339
+from .events import EventRecorder
 from .kube import (
     CONFIGMAP,
     DEPLOYMENT,
@@ -27,6 +28,7 @@ from .kube import (
     ApiError,
     KubeClient,
 )
+from .objects import rfc3339
 from .spec import ParsedSpecs, SpecError
 from .status import (
     APPLY_FAILED_REASON,
@@ -36,6 +38,7 @@ from .status import (
     compute_status,
     newly_degraded,
 )
+from .watch import Cache
 
 logger = logging.getLogger(__name__)
 
@@ -43,27 +46,14 @@ logger = logging.getLogger(__name__)
 RETRY_SECONDS = 5.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Reconciler:
     client: KubeClient
     config: OperatorConfig
     recorder: EventRecorder
-    clock: Callable[[], str] = field(default=now_rfc3339)
-    cache: apply.AppliedCache = field(default_factory=lambda: apply.AppliedCache(ttl=0.0))
+    cache: Cache
     specs: ParsedSpecs = field(default_factory=ParsedSpecs)
-
-    @classmethod
-    def create(
-        cls, client: KubeClient, config: OperatorConfig, specs: ParsedSpecs | None = None
-    ) -> Reconciler:
-        # Children unchecked for a little less than a resync period are read again on resync.
-        return cls(
-            client=client,
-            config=config,
-            recorder=EventRecorder(client),
-            cache=apply.AppliedCache(ttl=config.resync_seconds * 0.9),
-            specs=specs or ParsedSpecs(),
-        )
+    clock: Callable[[], str] = field(default=rfc3339)
 
     async def __call__(self, body: Mapping[str, Any]) -> ReconcileResult:
         return await reconcile(self, body)
@@ -72,16 +62,15 @@ class Reconciler:
 @dataclass(frozen=True)
 class ReconcileResult:
     requeue_after: float | None = None
-    body: dict[str, Any] | None = None  # the EmbeddingService after a status write
 
 
 async def _apply_children(
     ctx: Reconciler, body: Mapping[str, Any], spec: Any, owner: Owner
 ) -> tuple[dict[str, Any] | None, list[apply.ApplyOutcome]]:
     status = body.get("status") or {}
-    # The Deployment is always read: for the status, and because the startup budget its pods
-    # run with decides whether a new measurement changes the template (builders.startup_budget).
-    live = await ctx.client.get(DEPLOYMENT, owner.namespace, owner.name)
+    # The startup budget the live Deployment's pods run with decides whether a new measurement
+    # changes the template (builders.startup_budget).
+    live = ctx.cache.child(DEPLOYMENT, owner.namespace, owner.name)
     desired = build_children(
         spec,
         owner,
@@ -93,7 +82,6 @@ async def _apply_children(
         hub_endpoint=ctx.config.hub_endpoint,
         default_pull_policy=ctx.config.server_image_pull_policy,
     )
-    cache = ctx.cache
     outcomes = []
     # The ConfigMap first (new pods mount it).
     for kind, name, child in (
@@ -103,16 +91,17 @@ async def _apply_children(
         (HPA, owner.name, desired.hpa),
         (PDB, owner.name, desired.pdb),
     ):
-        digest = "absent" if child is None else content_hash(child)
-        if kind != DEPLOYMENT and cache.fresh(owner.uid, kind, name, digest):
-            continue
+        current = ctx.cache.child(kind, owner.namespace, name)
         if child is None:
-            outcome = await apply.ensure_absent(ctx.client, kind, owner.namespace, name, owner.uid)
-        elif kind == DEPLOYMENT:
-            outcome = await apply.ensure(ctx.client, kind, child, current=live)
+            outcome = await apply.ensure_absent(
+                ctx.client, kind, owner.namespace, name, owner.uid, current
+            )
         else:
-            outcome = await apply.ensure(ctx.client, kind, child)
-        cache.remember(owner.uid, kind, name, digest)
+            outcome = await apply.ensure(ctx.client, kind, child, current)
+        if outcome.action == "deleted":
+            ctx.cache.forget(kind, outcome.obj)
+        elif outcome.wrote:
+            ctx.cache.record(kind, outcome.obj)
         outcomes.append(outcome)
     deployment = next(o.obj for o in outcomes if o.kind == DEPLOYMENT.kind)
     return deployment, outcomes
@@ -155,28 +144,27 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
             applied = True
             await _record_changes(ctx, body, outcomes)
         except apply.ChildConflict as error:
-            ctx.cache.forget(owner.uid)
             problem = Problem(CONFLICT_REASON, str(error), blocking=True)
             await ctx.recorder.record(body, "Warning", problem.reason, problem.message)
             requeue = RETRY_SECONDS * 6
         except ApiError as error:
-            ctx.cache.forget(owner.uid)
             problem = Problem(APPLY_FAILED_REASON, str(error))
             await ctx.recorder.record(body, "Warning", problem.reason, problem.message)
             requeue = RETRY_SECONDS
 
     if not applied:
-        deployment = await ctx.client.get(DEPLOYMENT, owner.namespace, owner.name)
-    pods = await ctx.client.list(POD, owner.namespace, selector_string(owner.name))
+        deployment = ctx.cache.child(DEPLOYMENT, owner.namespace, owner.name)
+    pods = ctx.cache.owned(POD, owner.namespace, owner.name)
     status = compute_status(spec, body, deployment, pods, ctx.clock(), problem)
     degraded = newly_degraded(body.get("status") or {}, status)
     if degraded is not None and problem is None:  # a problem above already has its Event
         await ctx.recorder.record(body, "Warning", degraded["reason"], degraded["message"])
-    new_body = None
     if status != body.get("status"):
         resource_version = (body.get("metadata") or {}).get("resourceVersion")
-        new_body = await write_status(ctx.client, owner, status, resource_version)
-    return ReconcileResult(requeue_after=requeue, body=new_body)
+        written = await write_status(ctx.client, owner, status, resource_version)
+        # Its watch event then changes nothing and reconciles nothing again.
+        ctx.cache.record(EMBEDDING_SERVICE, written)
+    return ReconcileResult(requeue_after=requeue)
 
 
 async def write_status(

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from warmgate_contract.names import (
@@ -25,6 +24,7 @@ from warmgate_contract.names import (
 
 from .builders import selector_string
 from .gate import loaded_identity
+from .objects import condition, parse_time
 from .spec import EmbeddingServiceSpec
 
 # Waiting reasons that will not fix themselves: a person should look.
@@ -78,41 +78,26 @@ def _get(obj: Mapping[str, Any] | None, *path: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def _condition(obj: Mapping[str, Any] | None, type_: str) -> Mapping[str, Any] | None:
-    for cond in _get(obj, "status", "conditions", default=[]):
-        if cond.get("type") == type_:
-            return cond
-    return None
-
-
 def is_pod_warmed(pod: Mapping[str, Any]) -> bool:
-    cond = _condition(pod, WARMED_CONDITION)
+    cond = condition(pod, WARMED_CONDITION)
     return cond is not None and cond.get("status") == "True"
 
 
 def is_pod_ready(pod: Mapping[str, Any]) -> bool:
-    cond = _condition(pod, "Ready")
+    cond = condition(pod, "Ready")
     return cond is not None and cond.get("status") == "True"
-
-
-def _epoch(timestamp: Any) -> float | None:
-    try:
-        moment = datetime.strptime(str(timestamp), "%Y-%m-%dT%H:%M:%SZ")
-    except ValueError:
-        return None
-    return moment.replace(tzinfo=UTC).timestamp()
 
 
 def startup_seconds(pod: Mapping[str, Any]) -> float | None:
     """How long the pod's server took from its container's start to its probe passing
     (loading and warming): what the startup probe's budget must cover. None until it has."""
-    ready = _condition(pod, "ContainersReady")
+    ready = condition(pod, "ContainersReady")
     if ready is None or ready.get("status") != "True":
         return None
     for status in _get(pod, "status", "containerStatuses", default=[]):
         if status.get("name") == SERVER_CONTAINER:
-            started = _epoch(_get(status, "state", "running", "startedAt"))
-            became_ready = _epoch(ready.get("lastTransitionTime"))
+            started = parse_time(_get(status, "state", "running", "startedAt"))
+            became_ready = parse_time(ready.get("lastTransitionTime"))
             if started is not None and became_ready is not None and became_ready >= started:
                 return became_ready - started
     return None
@@ -129,7 +114,7 @@ def _live(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 def _failing_pod(pods: Sequence[Mapping[str, Any]]) -> str | None:
     for pod in pods:
-        gate = _condition(pod, WARMED_CONDITION)
+        gate = condition(pod, WARMED_CONDITION)
         if (
             gate is not None
             and gate.get("status") == "False"
@@ -216,8 +201,8 @@ class Facts:
             desired = int(deployment["spec"]["replicas"])
         else:
             desired = spec.replicas if spec is not None else 0
-        progressing = _condition(deployment, "Progressing") or {}
-        replica_failure = _condition(deployment, "ReplicaFailure") or {}
+        progressing = condition(deployment, "Progressing") or {}
+        replica_failure = condition(deployment, "ReplicaFailure") or {}
         return cls(
             deployment_exists=deployment is not None,
             desired=desired,
@@ -244,7 +229,7 @@ class Facts:
         )
 
 
-def degraded_condition(facts: Facts) -> Condition:
+def degradedcondition(facts: Facts) -> Condition:
     """Degraded: something a person should act on."""
     if facts.problem is not None:
         return Condition("Degraded", "True", facts.problem.reason, facts.problem.message)
@@ -257,7 +242,7 @@ def degraded_condition(facts: Facts) -> Condition:
     return Condition("Degraded", "False", "AsExpected", "")
 
 
-def conflict_condition(facts: Facts) -> Condition:
+def conflictcondition(facts: Facts) -> Condition:
     """Conflict: an object of a child's name exists that this EmbeddingService does not own
     (another owner's, or nobody's); warmgate never takes it over."""
     if facts.problem is not None and facts.problem.reason == CONFLICT_REASON:
@@ -265,7 +250,7 @@ def conflict_condition(facts: Facts) -> Condition:
     return Condition("Conflict", "False", "NoConflict", "")
 
 
-def progressing_condition(facts: Facts) -> Condition:
+def progressingcondition(facts: Facts) -> Condition:
     """Progressing: is the Deployment moving towards the spec?"""
     f = facts
     if not f.deployment_exists:
@@ -292,7 +277,7 @@ def progressing_condition(facts: Facts) -> Condition:
     )
 
 
-def warmed_condition(facts: Facts) -> Condition:
+def warmedcondition(facts: Facts) -> Condition:
     """Warmed: have the pods' warmups been verified by the gate?"""
     f = facts
     if not f.gate_on:
@@ -306,7 +291,7 @@ def warmed_condition(facts: Facts) -> Condition:
     return Condition("Warmed", "False", "WaitingForWarmup", f"{f.warmed}/{f.desired} pods warmed")
 
 
-def ready_condition(facts: Facts) -> Condition:
+def readycondition(facts: Facts) -> Condition:
     """Ready: the current spec is fully served."""
     f = facts
     if f.problem is not None and f.problem.blocking:
@@ -319,7 +304,7 @@ def ready_condition(facts: Facts) -> Condition:
         return Condition("Ready", "True", "AllReplicasReady", f"{f.ready}/{f.desired} pods ready")
     if f.deadline_exceeded:
         return Condition(
-            "Ready", "False", "ProgressDeadlineExceeded", progressing_condition(f).message
+            "Ready", "False", "ProgressDeadlineExceeded", progressingcondition(f).message
         )
     if f.failing is not None:
         return Condition("Ready", "False", "PodsFailing", f.failing)
@@ -362,11 +347,11 @@ def evaluate(
     if model is not None:
         counts["model"] = model
     conditions = [
-        ready_condition(facts),
-        progressing_condition(facts),
-        warmed_condition(facts),
-        degraded_condition(facts),
-        conflict_condition(facts),
+        readycondition(facts),
+        progressingcondition(facts),
+        warmedcondition(facts),
+        degradedcondition(facts),
+        conflictcondition(facts),
     ]
     return counts, conditions
 
@@ -434,7 +419,7 @@ def newly_degraded(
     now = next((c for c in status.get("conditions") or [] if c["type"] == "Degraded"), None)
     if now is None or now.get("status") != "True":
         return None
-    before = _condition({"status": previous}, "Degraded")
+    before = condition({"status": previous}, "Degraded")
     if before is not None and before.get("status") == "True":
         return None if before.get("reason") == now.get("reason") else now
     return now

@@ -12,7 +12,7 @@ from support.fakes import FakeClient
 
 from warmgate_operator import apply
 from warmgate_operator.builders import Owner, build_children
-from warmgate_operator.kube import DEPLOYMENT, HPA, SERVICE
+from warmgate_operator.kube import CONFIGMAP, DEPLOYMENT, HPA, SERVICE, ResourceKind
 from warmgate_operator.spec import parse_spec
 
 OWNER = Owner("minilm", "default", "uid-owner")
@@ -65,24 +65,39 @@ def test_subset_compares_quantities_by_value_and_lists_exactly() -> None:
     assert not apply.is_subset({"port": "http"}, {"port": 8080})
 
 
+def cached(client: FakeClient, kind: ResourceKind) -> dict | None:
+    """The child as the operator's watch cache holds it."""
+    name = "minilm-warmup-profile" if kind is CONFIGMAP else "minilm"
+    return client.cache.child(kind, "default", name)
+
+
+def drifted(client: FakeClient, kind: ResourceKind, change) -> None:
+    """Someone changes the child (the watch brings the change into the cache)."""
+    obj = copy.deepcopy(client.find(kind, "default", "minilm"))
+    change(obj)
+    client.put(kind, obj)
+
+
 async def test_ensure_creates_then_skips() -> None:
     client = FakeClient()
     children = desired()
-    first = await apply.ensure(client, DEPLOYMENT, children.deployment)
+    first = await apply.ensure(client, DEPLOYMENT, children.deployment, cached(client, DEPLOYMENT))
     assert first.action == "created"
     stored = client.find(DEPLOYMENT, "default", "minilm")
     assert stored["metadata"]["annotations"][apply.APPLIED_HASH_ANNOTATION]
     writes = client.writes
-    second = await apply.ensure(client, DEPLOYMENT, desired().deployment)
+    second = await apply.ensure(
+        client, DEPLOYMENT, desired().deployment, cached(client, DEPLOYMENT)
+    )
     assert second.action == "unchanged"
     assert client.writes == writes
 
 
 async def test_ensure_repairs_drift() -> None:
     client = FakeClient()
-    await apply.ensure(client, SERVICE, desired().service)
-    client.find(SERVICE, "default", "minilm")["spec"]["type"] = "LoadBalancer"
-    outcome = await apply.ensure(client, SERVICE, desired().service)
+    await apply.ensure(client, SERVICE, desired().service, cached(client, SERVICE))
+    drifted(client, SERVICE, lambda service: service["spec"].update(type="LoadBalancer"))
+    outcome = await apply.ensure(client, SERVICE, desired().service, cached(client, SERVICE))
     assert outcome.action == "updated"
     assert client.find(SERVICE, "default", "minilm")["spec"]["type"] == "ClusterIP"
 
@@ -93,11 +108,11 @@ async def test_every_child_write_is_logged_with_its_reason(caplog) -> None:
     client = FakeClient()
     caplog.set_level("INFO", logger="warmgate.apply")
     autoscaled = desired(autoscaling={"enabled": True})
-    await apply.ensure(client, HPA, autoscaled.hpa)
-    await apply.ensure(client, HPA, desired(autoscaling={"enabled": True}).hpa)
-    client.find(HPA, "default", "minilm")["spec"]["maxReplicas"] = 9
-    await apply.ensure(client, HPA, autoscaled.hpa)
-    await apply.ensure_absent(client, HPA, "default", "minilm", "uid-owner")
+    await apply.ensure(client, HPA, autoscaled.hpa, cached(client, HPA))
+    await apply.ensure(client, HPA, desired(autoscaling={"enabled": True}).hpa, cached(client, HPA))
+    drifted(client, HPA, lambda hpa: hpa["spec"].update(maxReplicas=9))
+    await apply.ensure(client, HPA, autoscaled.hpa, cached(client, HPA))
+    await apply.ensure_absent(client, HPA, "default", "minilm", "uid-owner", cached(client, HPA))
     maximum = autoscaled.hpa["spec"]["maxReplicas"]
     assert [record.getMessage() for record in caplog.records] == [
         "creating HorizontalPodAutoscaler default/minilm: absent",
@@ -121,7 +136,7 @@ async def test_ensure_refuses_objects_controlled_by_someone_else() -> None:
     foreign["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
     client.put(SERVICE, foreign)
     with pytest.raises(apply.ChildConflict, match="controlled by another owner"):
-        await apply.ensure(client, SERVICE, desired().service)
+        await apply.ensure(client, SERVICE, desired().service, cached(client, SERVICE))
 
 
 async def test_ensure_never_takes_over_an_object_made_by_hand() -> None:
@@ -132,33 +147,44 @@ async def test_ensure_never_takes_over_an_object_made_by_hand() -> None:
     client.put(SERVICE, handmade)
     writes = client.writes
     with pytest.raises(apply.ChildConflict, match="no controller owner"):
-        await apply.ensure(client, SERVICE, desired().service)
+        await apply.ensure(client, SERVICE, desired().service, cached(client, SERVICE))
     assert client.writes == writes
     assert client.find(SERVICE, "default", "minilm")["spec"]["type"] == "LoadBalancer"
 
 
 async def test_ensure_absent_deletes_only_own_children() -> None:
     client = FakeClient()
-    await apply.ensure(client, HPA, desired(autoscaling={"enabled": True}).hpa)
-    outcome = await apply.ensure_absent(client, HPA, "default", "minilm", "uid-owner")
+    await apply.ensure(client, HPA, desired(autoscaling={"enabled": True}).hpa, cached(client, HPA))
+    outcome = await apply.ensure_absent(
+        client, HPA, "default", "minilm", "uid-owner", cached(client, HPA)
+    )
     assert outcome.action == "deleted"
     assert client.find(HPA, "default", "minilm") is None
-    again = await apply.ensure_absent(client, HPA, "default", "minilm", "uid-owner")
+    again = await apply.ensure_absent(
+        client, HPA, "default", "minilm", "uid-owner", cached(client, HPA)
+    )
     assert again.action == "absent"
     foreign = desired(autoscaling={"enabled": True}).hpa
     foreign["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
     client.put(HPA, foreign)
     assert (
-        await apply.ensure_absent(client, HPA, "default", "minilm", "uid-owner")
+        await apply.ensure_absent(
+            client, HPA, "default", "minilm", "uid-owner", cached(client, HPA)
+        )
     ).action == "absent"
     assert client.find(HPA, "default", "minilm") is not None
 
 
 async def test_turning_autoscaling_on_hands_replicas_over_instead_of_resetting_them() -> None:
     client = FakeClient()
-    await apply.ensure(client, DEPLOYMENT, desired(replicas=3).deployment)
+    await apply.ensure(
+        client, DEPLOYMENT, desired(replicas=3).deployment, cached(client, DEPLOYMENT)
+    )
     outcome = await apply.ensure(
-        client, DEPLOYMENT, desired(replicas=3, autoscaling={"enabled": True}).deployment
+        client,
+        DEPLOYMENT,
+        desired(replicas=3, autoscaling={"enabled": True}).deployment,
+        cached(client, DEPLOYMENT),
     )
     assert outcome.action == "updated"
     patches = [entry for entry in client.log if entry[0] == "PATCH"]

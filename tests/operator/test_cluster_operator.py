@@ -4,6 +4,7 @@ collector, driven with kubectl the way a user would."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import urllib.request
@@ -22,7 +23,7 @@ from support.cluster import (
     install_crd,
     items,
     operator_metrics,
-    operator_writes,
+    operator_requests,
 )
 
 from warmgate_devcluster import procs
@@ -359,6 +360,7 @@ def test_operator_restart_converges_without_duplicates_or_orphans(
         print((tmp_path / "second.log").read_text(errors="replace")[-4000:])
 
 
+READ_METHODS = ("GET", "LIST")
 CHILD_RESOURCES = (
     "deployments",
     "services",
@@ -371,7 +373,9 @@ CHILD_RESOURCES = (
 def child_writes(port: int) -> dict[str, int]:
     """The operator's writes to children so far, read live from its /metrics (a request is
     counted before it is sent): no file written once a second that could predate them."""
-    return {key: n for key, n in operator_writes(port).items() if key.split()[1] in CHILD_RESOURCES}
+    return {
+        key: n for key, n in operator_requests(port).items() if key.split()[1] in CHILD_RESOURCES
+    }
 
 
 def reconciles(port: int) -> float:
@@ -405,20 +409,19 @@ def settled_writes(port: int, op: Any, timeout: float = 90) -> dict[str, int]:
     )
 
 
-def test_idle_operator_writes_nothing(
+def test_idle_operator_writes_nothing_and_reads_nothing(
     devcluster: Any, crd: None, namespace: str, tmp_path: Path
 ) -> None:
-    health_port, http_port = procs.free_ports(2)  # held open together: two different ports
+    (http_port,) = procs.free_ports(1)
     op = OperatorProcess(
         devcluster, tmp_path / "idle.log", "--namespace", namespace,
         "--resync-seconds", RESYNC, "--http-address", f"127.0.0.1:{http_port}",
-        "--liveness-endpoint", f"http://127.0.0.1:{health_port}/healthz",
     ).start()  # fmt: skip
     try:
-        # kopf's health endpoint, for the chart's liveness probe.
+        # The endpoint of the chart's liveness probe, and of Prometheus.
         def healthy() -> bool:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/healthz", timeout=2):
+                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=2):
                     return True
             except OSError:
                 return False
@@ -459,10 +462,12 @@ def test_idle_operator_writes_nothing(
         # that keeps writing never converges and fails here, with its reasons.
         writes_before = settled_writes(http_port, op)
         reconciles_before, reasons_before = reconciles(http_port), len(write_reasons(op))
+        reads_before = operator_requests(http_port, READ_METHODS)
         before = versions()
         window_start = time.time()
         time.sleep(3 * float(RESYNC) + 2)  # several resyncs
         writes_after = child_writes(http_port)
+        reads_after = operator_requests(http_port, READ_METHODS)
         window_end = time.time()
         # The apiserver's own record: no write from the operator (its client, or kopf's) to
         # anything in the namespace. Independent of the operator's counting.
@@ -481,6 +486,9 @@ def test_idle_operator_writes_nothing(
             if n != writes_before.get(key, 0)
         }
         assert audited == [], [describe_audit(event) for event in audited]
+        # Reconcile and the resync read the watch cache: no GET or LIST of anything (the
+        # watches themselves renew every few minutes, whatever the number of services).
+        assert reads_after == reads_before
         assert changed == {}, f"child writes while idle (before, after): {changed}; why: {why}"
         assert versions() == before
         assert reconciles(http_port) > reconciles_before  # it did look
@@ -553,3 +561,58 @@ def test_operator_runs_with_exactly_its_rbac_rules(
     finally:
         devcluster.kubectl("delete", "clusterrolebinding,clusterrole", role["metadata"]["name"],
                            check=False)  # fmt: skip
+
+
+def test_a_service_deleted_while_the_watch_was_away_gets_no_children_again(
+    devcluster: Any, crd: None, namespace: str, tmp_path: Path
+) -> None:
+    """A real relist: the operator is stopped (SIGSTOP) while the apiserver restarts on a
+    compacted etcd, and an EmbeddingService is deleted meanwhile. When it runs again, its
+    watches cannot go on from where they were (410): it lists again, finds the service gone,
+    and never makes its children again, while the other one is still reconciled."""
+    (http_port,) = procs.free_ports(1)
+    op = OperatorProcess(
+        devcluster, tmp_path / "relist.log", "--namespace", namespace,
+        "--resync-seconds", RESYNC, "--http-address", f"127.0.0.1:{http_port}",
+    ).start()  # fmt: skip
+    try:
+        for name in ("kept", "gone"):
+            apply(devcluster, namespace, example(name, replicas=0))
+        for name in ("kept", "gone"):
+            wait_child(devcluster, "deployment", namespace, name)
+            wait_status(devcluster, namespace, name)
+        assert op.proc is not None
+        writes_before = len(write_reasons(op))
+        os.kill(op.proc.pid, signal.SIGSTOP)
+        try:
+            devcluster.restart_apiserver(compact_etcd=True)
+            devcluster.kubectl("delete", "emb", "gone", "-n", namespace, "--wait=true")
+            wait_until(
+                lambda: child(devcluster, "deployment", namespace, "gone") is None,
+                timeout=60,
+                what="the garbage collector to delete gone's Deployment",
+            )
+        finally:
+            os.kill(op.proc.pid, signal.SIGCONT)
+
+        def relisted() -> bool:
+            metrics = operator_metrics(http_port) or {}
+            return all(
+                metrics.get(("warmgate_operator_watch_relists_total", (("resource", plural),)))
+                for plural in ("embeddingservices", "deployments")
+            )
+
+        wait_until(relisted, timeout=60, what="the operator to list again after the 410")
+        looked = reconciles(http_port)
+        wait_until(
+            lambda: reconciles(http_port) >= looked + 3,
+            timeout=30,
+            what="three more reconciles (resyncs)",
+        )
+        assert child(devcluster, "deployment", namespace, "gone") is None
+        assert child(devcluster, "deployment", namespace, "kept") is not None
+        since = write_reasons(op)[writes_before:]
+        assert not [reason for reason in since if "/gone" in reason.split(":")[0]], since
+    finally:
+        op.stop()
+        print("\n".join(op.log_path.read_text(errors="replace").splitlines()[-40:]))

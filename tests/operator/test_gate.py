@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -154,45 +155,91 @@ def test_not_json_object_is_an_invalid_report():
     assert verdict.reason == names.REASON_BAD_REPORT
 
 
+def judged(pod, verdict, condition_type=names.WARMED_CONDITION, now="2026-11-29T10:00:05Z"):
+    """The pod as the API has it once the gatekeeper wrote `verdict` (its condition and the
+    state it judged), conditions merged by type as a strategic merge patch does."""
+    existing = gate.condition(pod, condition_type)
+    body = gate.status_patch(
+        gate.desired_condition(verdict, existing, now, condition_type),
+        gate.desired_state(pod, verdict),
+        pod["metadata"].get("resourceVersion"),
+    )
+    return patched(pod, body)
+
+
+def patched(pod, body):
+    merged = copy.deepcopy(pod)
+    annotations = merged["metadata"].setdefault("annotations", {})
+    annotations.update(body.get("metadata", {}).get("annotations", {}))
+    by_type = {c["type"]: c for c in merged["status"]["conditions"]}
+    by_type.update({c["type"]: c for c in body["status"]["conditions"]})
+    merged["status"]["conditions"] = list(by_type.values())
+    return merged
+
+
 def test_condition_keeps_transition_time_when_status_stays():
-    verdict = gate.evaluate_report(make_report(), gate.expectation_for(make_pod()))
-    first = gate.desired_condition(verdict, 0, None, "2026-11-29T10:00:05Z")
-    again = gate.desired_condition(verdict, 0, first, "2026-11-29T10:09:00Z")
+    pod = make_pod()
+    verdict = gate.evaluate_report(make_report(), gate.expectation_for(pod))
+    first = gate.desired_condition(verdict, None, "2026-11-29T10:00:05Z")
+    verified = judged(pod, verdict)
+    again = gate.desired_condition(verdict, first, "2026-11-29T10:09:00Z")
     assert again["lastTransitionTime"] == "2026-11-29T10:00:05Z"
-    assert not gate.condition_changed(first, again)
+    state = gate.desired_state(verified, verdict)
+    assert not gate.needs_write(verified, first, again, state)
     shut = gate.desired_condition(
-        gate.Verdict(False, names.REASON_RESTARTED, "restarted"), 1, first, "2026-11-29T10:10:00Z"
+        gate.Verdict(False, names.REASON_RESTARTED, "restarted"), first, "2026-11-29T10:10:00Z"
     )
     assert shut["lastTransitionTime"] == "2026-11-29T10:10:00Z"
-    assert gate.condition_changed(first, shut)
+    assert gate.needs_write(verified, first, shut, state)
+    # The same verdict for another process (a restart) is written: the state is not the same.
+    restarted = copy.deepcopy(verified)
+    restarted["status"]["containerStatuses"][0]["restartCount"] = 1
+    assert gate.needs_write(restarted, first, again, gate.desired_state(restarted, verdict))
 
 
-def test_status_patch_touches_only_our_condition_and_guards_the_version():
-    desired = gate.desired_condition(
-        gate.Verdict(True, names.REASON_VERIFIED, "ok"), 0, None, "2026-11-29T10:00:05Z"
-    )
-    body = gate.status_patch(desired, "42")
-    assert body["metadata"] == {"resourceVersion": "42"}
-    assert [c["type"] for c in body["status"]["conditions"]] == [names.WARMED_CONDITION]
-
-
-def verified_pod(restarts_in_message, restarts_now, started):
-    verified = {
-        "type": names.WARMED_CONDITION,
-        "status": "True",
-        "reason": names.REASON_VERIFIED,
-        "message": f"ok (restarts={restarts_in_message})",
-        "lastTransitionTime": "2026-11-29T10:00:05Z",
+def test_status_patch_touches_only_our_condition_and_state_and_guards_the_version():
+    verdict = gate.Verdict(True, names.REASON_VERIFIED, "ok", identity=("c0ffee", "sha256:ab"))
+    desired = gate.desired_condition(verdict, None, "2026-11-29T10:00:05Z")
+    body = gate.status_patch(desired, gate.desired_state(make_pod(restarts=2), verdict), "42")
+    assert body["metadata"]["resourceVersion"] == "42"
+    (annotation,) = body["metadata"]["annotations"].items()
+    assert annotation[0] == names.GATE_STATE_ANNOTATION
+    assert json.loads(annotation[1]) == {
+        "uid": "u1",
+        "restarts": 2,
+        "commit": "c0ffee",
+        "weightsDigest": "sha256:ab",
     }
-    return make_pod(conditions=[verified], restarts=restarts_now, started=started)
+    assert [c["type"] for c in body["status"]["conditions"]] == [names.WARMED_CONDITION]
+    assert desired["message"] == "ok"  # for people: no machine state in it
+
+
+def verified_pod(restarts_then, restarts_now, started):
+    pod = make_pod(restarts=restarts_then)
+    verified = judged(pod, gate.Verdict(True, names.REASON_VERIFIED, "ok"))
+    verified["status"]["containerStatuses"][0]["restartCount"] = restarts_now
+    verified["status"]["containerStatuses"][0]["state"]["running"]["startedAt"] = started
+    return verified
 
 
 def test_a_container_restart_after_verification_resets_the_gate():
     assert not gate.restarted_since_verified(verified_pod(0, 0, "2026-11-29T10:00:00Z"))
     assert gate.restarted_since_verified(verified_pod(0, 1, "2026-11-29T10:00:00Z"))
     assert gate.restarted_since_verified(verified_pod(0, 0, "2026-11-29T10:05:00Z"))
-    # restarts=1 must not match restarts=11
     assert gate.restarted_since_verified(verified_pod(1, 11, "2026-11-29T10:00:00Z"))
+
+
+def test_a_state_written_for_another_pod_or_unreadable_is_no_state():
+    pod = verified_pod(0, 0, "2026-11-29T10:00:00Z")
+    assert gate.GateState.of(pod) == gate.GateState("u1", 0)
+    copied = copy.deepcopy(pod)
+    copied["metadata"]["uid"] = "u2"
+    assert gate.GateState.of(copied) is None
+    for garbage in ("not json", "[]", '{"uid": "u1"}', '{"uid": "u1", "restarts": "x"}'):
+        pod["metadata"]["annotations"][names.GATE_STATE_ANNOTATION] = garbage
+        assert gate.GateState.of(pod) is None
+    # A pod verified before the state existed is not taken for restarted: its report decides.
+    assert not gate.restarted_since_verified(pod)
 
 
 def test_pods_without_the_gate_or_without_a_server_are_ignored():
@@ -223,23 +270,22 @@ def loaded(commit, digest):
     return make_report(model={**model, "commit": commit, "weights_digest": digest})
 
 
-def test_the_files_a_pod_loaded_are_recorded_in_its_condition_and_read_back():
+def test_the_files_a_pod_loaded_are_recorded_in_its_state_and_read_back():
     expected = gate.expectation_for(make_pod())
     for commit in (COMMIT_A, None):  # a hub commit, or a plain folder
         verdict = gate.evaluate_report(loaded(commit, DIGEST_A), expected)
         assert verdict.passed and verdict.identity == (commit, DIGEST_A)
-        # What the gatekeeper writes after a timed verification request, with the restarts.
-        verdict = gate.Verdict(True, verdict.reason, verdict.message + "; verification 3.0 ms")
-        condition = gate.desired_condition(verdict, 2, None, "2026-11-30T10:00:00Z")
-        assert gate.loaded_identity(make_pod(conditions=[condition])) == (commit, DIGEST_A)
+        # What the gatekeeper writes after a timed verification request.
+        verdict = gate.Verdict(
+            True,
+            verdict.reason,
+            verdict.message + "; verification 3.0 ms",
+            identity=(commit, DIGEST_A),
+        )
+        assert gate.loaded_identity(judged(make_pod(restarts=2), verdict)) == (commit, DIGEST_A)
     # A pod not verified has recorded nothing.
-    shut = gate.desired_condition(
-        gate.Verdict(False, names.REASON_NOT_READY, "loaded commit=x weights=sha256:1"),
-        0,
-        None,
-        "2026-11-30T10:00:00Z",
-    )
-    assert gate.loaded_identity(make_pod(conditions=[shut])) is None
+    shut = gate.Verdict(False, names.REASON_NOT_READY, "loaded commit=x weights=sha256:1")
+    assert gate.loaded_identity(judged(make_pod(), shut)) is None
 
 
 def test_a_pod_that_loaded_other_files_than_its_template_siblings_stays_out():

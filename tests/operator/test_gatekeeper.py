@@ -15,10 +15,12 @@ import pytest
 
 from warmgate_contract import names
 from warmgate_operator import gate
-from warmgate_operator.gatekeeper import GateConfig, Gatekeeper, read_capped
+from warmgate_operator.gatekeeper import GateConfig, Gatekeeper
 from warmgate_operator.kube import ApiError
+from warmgate_operator.metrics import Metrics
+from warmgate_operator.podclient import read_capped
 
-from .test_gate import make_pod, make_report
+from .test_gate import judged, make_pod, make_report, patched
 
 FAST = GateConfig(backoff_initial_seconds=0.01, backoff_max_seconds=0.05, recheck_seconds=0.05)
 
@@ -30,14 +32,15 @@ class Reports:
         self.answers = list(answers)
         self.calls = 0
 
-    async def report(self, host: str, port: int) -> tuple[int, Any]:
+    async def get_json(self, host: str, port: int, path: str) -> tuple[int, Any]:
+        assert path == "/ready"
         self.calls += 1
         answer = self.answers[min(self.calls - 1, len(self.answers) - 1)]
         if isinstance(answer, BaseException):
             raise answer
         return (200 if answer.get("phase") == "ready" else 503), answer
 
-    async def time_request(self, host: str, port: int, batch_size: int) -> float:
+    async def time_request(self, host: str, port: int, inputs: list[str]) -> float:
         return 1.0
 
 
@@ -65,16 +68,11 @@ async def no_events(pod: Mapping[str, Any], kind: str, reason: str, message: str
     return None
 
 
-def verified_pod(**kwargs: Any) -> dict:
-    """A pod whose gate the operator opened (restarts=0)."""
-    condition = {
-        "type": names.WARMED_CONDITION,
-        "status": "True",
-        "reason": names.REASON_VERIFIED,
-        "message": "12 shapes warm (restarts=0)",
-        "lastTransitionTime": "2026-11-29T10:00:05Z",
-    }
-    return make_pod(conditions=[condition], **kwargs)
+def verified_pod(restarts: int = 0, **kwargs: Any) -> dict:
+    """A pod whose gate the operator opened when it had not restarted; `restarts` now."""
+    pod = judged(make_pod(**kwargs), gate.Verdict(True, names.REASON_VERIFIED, "12 shapes warm"))
+    pod["status"]["containerStatuses"][0]["restartCount"] = restarts
+    return pod
 
 
 async def until(condition, seconds: float = 2.0) -> None:
@@ -93,7 +91,7 @@ async def run(keeper: Gatekeeper, pod: dict, condition, seconds: float = 2.0) ->
 
 
 def keeper(reports: Reports, writer: Writer) -> Gatekeeper:
-    return Gatekeeper(writer=writer, reports=reports, events=no_events, config=FAST)
+    return Gatekeeper(writer, reports, no_events, Metrics(), FAST)  # type: ignore[arg-type]
 
 
 async def test_a_readiness_blip_of_a_verified_pod_keeps_its_gate() -> None:
@@ -122,13 +120,24 @@ async def test_a_restart_closes_the_gate_and_the_new_process_is_verified() -> No
     await until(lambda: writer.patches)
     assert writer.statuses()[0] == ("False", names.REASON_RESTARTED)
     # The pod as the API now has it: the condition False; the next look verifies it again.
-    reopened = copy.deepcopy(pod)
-    reopened["status"]["conditions"] = writer.patches[0]["status"]["conditions"]
+    reopened = patched(pod, writer.patches[0])
     gatekeeper.observe("MODIFIED", reopened)
     await until(lambda: len(writer.patches) >= 2)
     await gatekeeper.close()
     assert writer.statuses()[1] == ("True", names.REASON_VERIFIED)
-    assert "(restarts=1)" in writer.patches[1]["status"]["conditions"][0]["message"]
+    assert gate.GateState.of(patched(reopened, writer.patches[1])) == gate.GateState("u1", 1)
+
+
+async def test_a_pod_verified_before_the_state_existed_keeps_its_gate_and_gets_its_state() -> None:
+    """An operator upgrade: a pod verified by the last version has no recorded state. Its
+    gate is not closed (that would take every serving pod out at once); its report decides,
+    and the state is written beside the condition, still True."""
+    pod = verified_pod()
+    del pod["metadata"]["annotations"][names.GATE_STATE_ANNOTATION]
+    reports, writer = Reports(make_report()), Writer()
+    await run(keeper(reports, writer), pod, lambda: writer.patches)
+    assert writer.statuses() == [("True", names.REASON_VERIFIED)]
+    assert gate.GateState.of(patched(pod, writer.patches[0])) == gate.GateState("u1", 0)
 
 
 @pytest.mark.parametrize(
@@ -207,26 +216,6 @@ def test_regressed_reads_the_phase() -> None:
     assert gate.regressed({"not": "a report"})
 
 
-async def test_after_a_relist_a_pod_deleted_in_the_gap_stops_its_worker() -> None:
-    reports, writer = Reports(TimeoutError()), Writer()
-    existing = {"u1": False}
-
-    async def exists(pod: Mapping[str, Any]) -> bool:
-        return existing[pod["metadata"]["uid"]]
-
-    gatekeeper = Gatekeeper(
-        writer=writer, reports=reports, events=no_events, config=FAST, exists=exists
-    )
-    gatekeeper.observe("MODIFIED", make_pod())
-    await until(lambda: reports.calls >= 2)
-    gatekeeper.relisted()  # no event for u1 follows: it was deleted while the watch was down
-    await until(lambda: gatekeeper.active == 0)
-    calls = reports.calls
-    await asyncio.sleep(0.2)
-    assert reports.calls == calls  # nobody polls a deleted pod
-    await gatekeeper.close()
-
-
 # ------------------------------------------- pods without the gate: what they loaded, recorded
 COMMIT, DIGEST = "c0ffee1234", "sha256:" + "ab" * 32
 
@@ -246,13 +235,10 @@ def loaded_report(commit: str = COMMIT, digest: str | None = DIGEST, **overrides
 
 
 def with_conditions(pod: dict, *patches: dict) -> dict:
-    """The pod as the API has it after the status patches (conditions merge by type)."""
-    merged = copy.deepcopy(pod)
-    by_type = {c["type"]: c for c in merged["status"]["conditions"]}
+    """The pod as the API has it after the status patches."""
     for body in patches:
-        by_type.update({c["type"]: c for c in body["status"]["conditions"]})
-    merged["status"]["conditions"] = list(by_type.values())
-    return merged
+        pod = patched(pod, body)
+    return pod
 
 
 async def test_an_ungated_pod_gets_what_it_loaded_recorded_once() -> None:
@@ -302,22 +288,7 @@ async def test_an_ungated_pod_not_ready_yet_is_not_asked() -> None:
 async def test_after_a_restart_an_ungated_pods_record_is_renewed() -> None:
     """A restarted server may have loaded other files (a moved branch): the old record no
     longer speaks for it, and the new process's is written."""
-    first = with_conditions(
-        ungated_pod(),
-        {
-            "status": {
-                "conditions": [
-                    gate.desired_condition(
-                        gate.identity_verdict(loaded_report()),
-                        0,
-                        None,
-                        "2026-11-29T10:00:05Z",
-                        names.LOADED_CONDITION,
-                    )
-                ]
-            }
-        },
-    )
+    first = judged(ungated_pod(), gate.identity_verdict(loaded_report()), names.LOADED_CONDITION)
     assert gate.loaded_identity(first) == (COMMIT, DIGEST)
     restarted = copy.deepcopy(first)
     restarted["status"]["containerStatuses"][0]["restartCount"] = 1

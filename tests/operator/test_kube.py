@@ -11,8 +11,9 @@ from warmgate_operator.kube import (
     DEPLOYMENT,
     EMBEDDING_SERVICE,
     HPA,
-    _api_error,
-    _resource_of,
+    POD,
+    _request_key,
+    api_error,
 )
 
 
@@ -25,18 +26,24 @@ def test_paths() -> None:
     )
 
 
-def test_requests_are_counted_by_resource() -> None:
-    assert _resource_of(DEPLOYMENT.path("ns", "x")) == "deployments"
-    assert _resource_of(EMBEDDING_SERVICE.path("ns", "x", "status")) == "embeddingservices/status"
-    assert _resource_of(CONFIGMAP.path("ns")) == "configmaps"
+def test_requests_are_counted_by_verb_and_resource() -> None:
+    assert _request_key("GET", DEPLOYMENT.path("ns", "x")) == "GET deployments"
+    assert _request_key("PATCH", EMBEDDING_SERVICE.path("ns", "x", "status")) == (
+        "PATCH embeddingservices/status"
+    )
+    # A GET of a collection is a LIST, in one namespace or in all.
+    assert _request_key("GET", CONFIGMAP.path("ns")) == "LIST configmaps"
+    assert _request_key("GET", POD.path(None)) == "LIST pods"
+    assert _request_key("GET", HPA.path(None)) == "LIST horizontalpodautoscalers"
+    assert POD.path(None) == "/api/v1/pods"
 
 
 def test_api_errors_carry_the_apiserver_message() -> None:
     body = json.dumps({"reason": "Invalid", "message": "spec.replicas: Invalid value"}).encode()
-    error = _api_error(422, body)
+    error = api_error(422, body)
     assert (error.status, error.reason) == (422, "Invalid")
     assert "spec.replicas" in str(error)
-    assert _api_error(502, b"<html>bad gateway</html>").message == "<html>bad gateway</html>"
+    assert api_error(502, b"<html>bad gateway</html>").message == "<html>bad gateway</html>"
 
 
 async def test_a_fenced_client_refuses_writes_and_says_so_but_still_reads() -> None:

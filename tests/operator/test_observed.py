@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
 import pytest
 from aiohttp import web
 
+from warmgate_contract.names import SERVICE_LABEL
 from warmgate_contract.report import ReadyReport
-from warmgate_operator.kube import ApiError
+from warmgate_operator.kube import EMBEDDING_SERVICE, POD, ApiError
+from warmgate_operator.metrics import Metrics
 from warmgate_operator.observed import (
     TrafficObserver,
     merged_shapes,
@@ -18,7 +19,10 @@ from warmgate_operator.observed import (
     status_patch,
     traffic_settings,
 )
+from warmgate_operator.podclient import PodClient
+from warmgate_operator.runtime import CHILD_KINDS
 from warmgate_operator.spec import ParsedSpecs
+from warmgate_operator.watch import Cache
 
 
 def profile(*items):
@@ -107,9 +111,21 @@ def test_settings_default_like_the_crd_and_follow_warmup_enabled():
     assert traffic_settings(None)[0] is False  # a spec that does not parse
 
 
+def observer_of(api, service, pods=(), port=8080) -> TrafficObserver:
+    """An observer whose watch cache holds `service` (named m) and `pods`."""
+    cache = Cache(EMBEDDING_SERVICE, CHILD_KINDS, SERVICE_LABEL)
+    cache.services.replace(None, [service])
+    cache.children[POD].replace(None, list(pods))
+    return TrafficObserver(api, PodClient(Metrics()), cache, ParsedSpecs(), port=port)
+
+
+async def close(observer: TrafficObserver) -> None:
+    await observer.close()
+    await observer._pods.close()
+
+
 async def test_the_observer_runs_one_loop_per_service_and_stops_it_on_delete():
-    bodies = {("ns", "m"): body()}
-    observer = TrafficObserver(client=None, session=None, bodies=bodies.get)
+    observer = observer_of(None, body())
     observer.observe(("ns", "m"))
     observer.observe(("ns", "m"))  # an event for a service already observed: the same loop
     assert len(observer._tasks) == 1
@@ -122,14 +138,10 @@ async def test_the_observer_runs_one_loop_per_service_and_stops_it_on_delete():
 
 # ------------------------------------------------------ collection, with pods that misbehave
 class Api:
-    """The pod list and the status patch; `failures` are raised by the next patches."""
+    """The status patch; `failures` are raised by the next patches."""
 
-    def __init__(self, pods, failures=()):
-        self.pods, self.failures, self.patches = pods, list(failures), []
-
-    async def list(self, kind, namespace, selector):
-        assert selector == "warmgate.dev/service=m"  # its own pods, filtered by the apiserver
-        return self.pods
+    def __init__(self, failures=()):
+        self.failures, self.patches = list(failures), []
 
     async def json_patch(self, kind, namespace, name, operations, subresource=None):
         if self.failures:
@@ -140,7 +152,12 @@ class Api:
 def pod(address, ready=True):
     condition = {"type": "Ready", "status": "True" if ready else "False"}
     return {
-        "metadata": {"name": f"m-{address}", "namespace": "ns"},
+        "metadata": {
+            "name": f"m-{address}",
+            "namespace": "ns",
+            "uid": address,
+            "labels": {SERVICE_LABEL: "m"},
+        },
         "status": {"podIP": address, "conditions": [condition]},
     }
 
@@ -199,12 +216,11 @@ async def pods():
 
 async def test_a_round_counts_the_pods_that_answer_and_survives_the_rest(pods) -> None:
     addresses = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
-    api = Api([pod(address) for address in addresses] + [pod("127.0.0.6", False)])
-    async with aiohttp.ClientSession() as session:
-        observer = TrafficObserver(
-            api, session, {("ns", "m"): body(status={})}.get, port=pods, max_bytes=1 << 20
-        )
-        assert await observer.collect(("ns", "m")) is True
+    api = Api()
+    others = [pod(address) for address in addresses] + [pod("127.0.0.6", False)]
+    observer = observer_of(api, body(status={}), others, port=pods)
+    assert await observer.collect(("ns", "m")) is True
+    await close(observer)
     (operations,) = api.patches
     written = {op["path"]: op["value"] for op in operations if op["op"] == "add"}
     assert written["/status/observedShapes"] == profile((1, 32, 20), (4, 64, 6))["shapes"]
@@ -219,26 +235,25 @@ async def test_a_round_counts_the_pods_that_answer_and_survives_the_rest(pods) -
 async def test_a_status_write_that_lost_a_race_waits_for_the_next_round(
     pods, failure, outcome
 ) -> None:
-    api = Api([pod("127.0.0.2")], failures=[failure])
-    async with aiohttp.ClientSession() as session:
-        observer = TrafficObserver(api, session, {("ns", "m"): body(status={})}.get, port=pods)
-        assert await observer.collect(("ns", "m")) is outcome
-        assert await observer.collect(("ns", "m")) is True  # the next round writes
+    api = Api(failures=[failure])
+    observer = observer_of(api, body(status={}), [pod("127.0.0.2")], port=pods)
+    assert await observer.collect(("ns", "m")) is outcome
+    assert await observer.collect(("ns", "m")) is True  # the next round writes
+    await close(observer)
 
 
 async def test_an_api_error_does_not_end_the_loop(pods, monkeypatch) -> None:
     """A 500 or a dropped connection from the API fails one round; the loop goes on."""
     monkeypatch.setattr("warmgate_operator.observed.MIN_REFRESH_SECONDS", 0.01)
     failures = [ApiError(500, "InternalError", "etcd"), ApiError(0, "", "reset")]
-    api = Api([pod("127.0.0.2")], failures=failures)
+    api = Api(failures=failures)
     service = body(status={})
     service["spec"]["warmup"] = {"observedTraffic": {"refreshSeconds": 1}}
-    async with aiohttp.ClientSession() as session:
-        observer = TrafficObserver(api, session, {("ns", "m"): service}.get, port=pods)
-        observer.observe(("ns", "m"))
-        for _ in range(500):
-            if api.patches:
-                break
-            await asyncio.sleep(0.01)
-        await observer.close()
+    observer = observer_of(api, service, [pod("127.0.0.2")], port=pods)
+    observer.observe(("ns", "m"))
+    for _ in range(500):
+        if api.patches:
+            break
+        await asyncio.sleep(0.01)
+    await close(observer)
     assert api.patches and not api.failures

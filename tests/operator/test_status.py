@@ -12,10 +12,13 @@ from hypothesis import strategies as st
 
 from warmgate_contract.report import ReadyReport, WarmedShape
 from warmgate_operator.builders import Owner, build_pod_template
-from warmgate_operator.gate import desired_condition, expectation_for, identity_verdict
+from warmgate_operator.gate import expectation_for, identity_verdict
 from warmgate_operator.gatekeeper import GateConfig, Gatekeeper
+from warmgate_operator.metrics import Metrics
 from warmgate_operator.spec import parse_spec
 from warmgate_operator.status import Problem, compute_status
+
+from .test_gate import judged, patched
 
 SPEC = parse_spec({"model": {"id": "m", "revision": "r1"}, "replicas": 2})
 T0, T1 = "2026-11-29T22:00:00Z", "2026-11-29T22:05:00Z"
@@ -387,7 +390,7 @@ class PodAnswers:
     def __init__(self, report: dict[str, Any]) -> None:
         self.report_body, self.patches = report, []
 
-    async def report(self, host: str, port: int) -> tuple[int, Any]:
+    async def get_json(self, host: str, port: int, path: str) -> tuple[int, Any]:
         return 200, self.report_body
 
     async def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
@@ -401,18 +404,23 @@ async def through_the_gatekeeper(pod: dict[str, Any]) -> dict[str, Any]:
     async def no_events(*_: Any) -> None:
         return None
 
-    keeper = Gatekeeper(answers, answers, no_events, GateConfig(backoff_max_seconds=0.05))
+    keeper = Gatekeeper(
+        answers,
+        answers,  # type: ignore[arg-type]
+        no_events,
+        Metrics(),
+        GateConfig(backoff_max_seconds=0.05),
+    )
     keeper.observe("ADDED", pod)
     for _ in range(200):
         if answers.patches:
             break
         await asyncio.sleep(0.01)
     await keeper.close()
-    by_type = {c["type"]: c for c in pod["status"]["conditions"]}
     for body in answers.patches:
-        by_type.update({c["type"]: c for c in body["status"]["conditions"]})
-    by_type["Ready"] = {"type": "Ready", "status": "True"}
-    return {**pod, "status": {**pod["status"], "conditions": list(by_type.values())}}
+        pod = patched(pod, body)
+    pod["status"]["conditions"].append({"type": "Ready", "status": "True"})
+    return pod
 
 
 @pytest.mark.parametrize("warm_gate", [True, False])
@@ -442,10 +450,8 @@ def test_a_record_from_before_a_restart_does_not_speak_for_the_new_process() -> 
     spec = parse_spec({"model": {"id": "m", "revision": "r1"}, "rollout": {"warmGate": False}})
     pod = server_pod(spec, "minilm-1", "uid-1")
     verdict = identity_verdict(served_report(pod))
-    pod["status"]["conditions"] += [
-        {"type": "Ready", "status": "True"},
-        desired_condition(verdict, 0, None, T0, "warmgate.dev/loaded"),
-    ]
+    pod["status"]["conditions"].append({"type": "Ready", "status": "True"})
+    pod = judged(pod, verdict, "warmgate.dev/loaded")
     dep = deployment(replicas=1, ready=1, updated=1, spec_replicas=1)
     assert compute_status(spec, es(), dep, [pod], T0)["model"]["commit"] == COMMIT
     pod["status"]["containerStatuses"][0]["restartCount"] = 1

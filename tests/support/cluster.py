@@ -84,15 +84,16 @@ def operator_metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]],
     }
 
 
-def operator_writes(port: int) -> dict[str, int]:
-    """Every write the operator has made so far, as {"PATCH configmaps": n, ...}."""
+def operator_requests(port: int, methods: tuple[str, ...] = WRITE_METHODS) -> dict[str, int]:
+    """The API requests the operator has made so far with one of `methods` (its writes by
+    default), as {"PATCH configmaps": n, ...}."""
     metrics = operator_metrics(port)
     if metrics is None:
         raise AssertionError(f"the operator's /metrics on port {port} does not answer")
-    writes = {}
+    counts = {}
     for (name, labels), value in metrics.items():
         if name == "warmgate_operator_api_requests_total":
             method, resource = dict(labels)["method"], dict(labels)["resource"]
-            if method in WRITE_METHODS:
-                writes[f"{method} {resource}"] = int(value)
-    return writes
+            if method in methods:
+                counts[f"{method} {resource}"] = int(value)
+    return counts

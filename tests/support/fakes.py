@@ -1,4 +1,5 @@
-"""An in-memory stand-in for the operator's KubeClient, counting reads and writes."""
+"""An in-memory stand-in for the operator's KubeClient, counting reads and writes, and mirroring
+every object it holds into the operator's watch cache at once, as a watch without lag would."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from warmgate_operator.kube import ApiError, ResourceKind
+from warmgate_contract.names import MANAGED_BY, MANAGED_BY_LABEL
+from warmgate_operator.kube import EMBEDDING_SERVICE, ApiError, ResourceKind
+from warmgate_operator.runtime import CHILD_KINDS
+from warmgate_operator.watch import Cache
 
 WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 
@@ -22,6 +26,24 @@ class FakeClient:
         self._rv = itertools.count(100)
         self._uid = itertools.count(1)
         self.fail_apply_for: set[str] = set()
+        self.cache = Cache(EMBEDDING_SERVICE, CHILD_KINDS, "warmgate.dev/service")
+        """What the operator's watches would hold: the EmbeddingServices, and the children
+        labelled as warmgate's."""
+
+    def _mirror(self, event_type: str, kind: ResourceKind, obj: Mapping[str, Any]) -> None:
+        if kind == EMBEDDING_SERVICE:
+            store = self.cache.services
+        elif (
+            kind in self.cache.children
+            and (obj["metadata"].get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
+        ):
+            store = self.cache.children[kind]
+        else:
+            return
+        store.apply(event_type, copy.deepcopy(dict(obj)))
+
+    async def aclose(self) -> None:
+        return None
 
     @property
     def writes(self) -> int:
@@ -37,6 +59,7 @@ class FakeClient:
         meta.setdefault("uid", f"uid-{next(self._uid)}")
         meta["resourceVersion"] = str(next(self._rv))
         self.objects[(kind.kind, meta["namespace"], meta["name"])] = obj
+        self._mirror("MODIFIED", kind, obj)
         return copy.deepcopy(obj)
 
     def find(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
@@ -92,7 +115,9 @@ class FakeClient:
         self, kind: ResourceKind, namespace: str, name: str, uid: str | None = None
     ) -> None:
         self._count("DELETE", kind.kind, name)
-        self.objects.pop((kind.kind, namespace, name), None)
+        gone = self.objects.pop((kind.kind, namespace, name), None)
+        if gone is not None:
+            self._mirror("DELETED", kind, gone)
 
     async def json_patch(
         self,

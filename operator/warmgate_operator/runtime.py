@@ -1,0 +1,260 @@
+"""The operator as one object: built in `__main__` from the configuration (no I/O, no event
+loop needed), handed to kopf as its memo, started by kopf's startup handler and stopped by its
+cleanup handler (handlers.py).
+
+What it runs: one Reflector per watched kind (and namespace) filling the Cache; the Controller
+reconciling EmbeddingServices from it; the Gatekeeper verifying each gated pod; the
+TrafficObserver collecting served shapes. Watch events reach them through `dispatch`, the one
+place that decides who hears of what.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from warmgate_contract.names import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
+
+from . import stats
+from .config import OperatorConfig
+from .controller import Controller
+from .events import EventRecorder
+from .gatekeeper import Gatekeeper
+from .kube import (
+    CONFIGMAP,
+    DEPLOYMENT,
+    EMBEDDING_SERVICE,
+    HPA,
+    PDB,
+    POD,
+    SERVICE,
+    KubeClient,
+    ResourceKind,
+)
+from .metrics import Metrics
+from .observed import TrafficObserver
+from .podclient import PodClient
+from .reconcile import Reconciler
+from .spec import ParsedSpecs, SpecError
+from .watch import DELETED, Cache, Event, Listing, Reflector, WatchSettings
+
+log = logging.getLogger("warmgate.operator")
+
+CHILD_KINDS = (DEPLOYMENT, POD, SERVICE, CONFIGMAP, HPA, PDB)
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+"""What the child watches ask the apiserver for: other workloads' pods and Deployments are
+never sent to the operator."""
+
+HEARTBEAT_SECONDS = 2.0
+DEFAULT_WATCH = WatchSettings()
+
+
+class PodStatusWriter:
+    """Patches `pods/<name>/status` with a strategic-merge patch (conditions merge by type, so
+    kubelet's own are left as they are), and keeps the answer in the cache."""
+
+    def __init__(self, client: KubeClient, cache: Cache) -> None:
+        self._client = client
+        self._cache = cache
+
+    async def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        written = await self._client.request(
+            "PATCH",
+            POD.path(namespace, name, "status"),
+            body=body,
+            content_type="application/strategic-merge-patch+json",
+        )
+        self._cache.record(POD, written)
+
+
+@dataclass(frozen=True)
+class Operator:
+    config: OperatorConfig
+    client: KubeClient
+    metrics: Metrics
+    cache: Cache
+    specs: ParsedSpecs
+    recorder: EventRecorder
+    pods: PodClient
+    controller: Controller
+    gatekeeper: Gatekeeper
+    observer: TrafficObserver
+    watch_settings: WatchSettings = DEFAULT_WATCH
+    _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    @classmethod
+    def build(
+        cls,
+        config: OperatorConfig,
+        client: KubeClient,
+        metrics: Metrics,
+        watch_settings: WatchSettings = DEFAULT_WATCH,
+    ) -> Operator:
+        cache = Cache(EMBEDDING_SERVICE, CHILD_KINDS, SERVICE_LABEL)
+        specs = ParsedSpecs()
+        recorder = EventRecorder(client)
+        pods = PodClient(metrics)
+        reconciler = Reconciler(client, config, recorder, cache, specs)
+        controller = Controller(
+            reconciler,
+            cache.services,
+            metrics,
+            workers=config.workers,
+            resync_seconds=config.resync_seconds,
+        )
+        operator: Operator
+
+        async def record(pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+            await operator.record_pod_event(pod, type_, reason, message)
+
+        gatekeeper = Gatekeeper(
+            PodStatusWriter(client, cache),
+            pods,
+            record,
+            metrics,
+            verify_latency=lambda pod: operator.verifies_latency(pod),
+        )
+        observer = TrafficObserver(client, pods, cache, specs)
+        metrics.count_api_requests(lambda: dict(client.requests))
+        operator = cls(
+            config,
+            client,
+            metrics,
+            cache,
+            specs,
+            recorder,
+            pods,
+            controller,
+            gatekeeper,
+            observer,
+            watch_settings,
+        )
+        return operator
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def reflectors(self) -> list[Reflector]:
+        """One per watched kind and namespace (one per kind when watching every namespace)."""
+        namespaces: tuple[str | None, ...] = self.config.namespaces or (None,)
+        return [
+            Reflector(
+                self.client,
+                store,
+                self.dispatch,
+                namespace,
+                "" if store is self.cache.services else MANAGED_SELECTOR,
+                self.watch_settings,
+                on_relist=self._count_relist,
+            )
+            for store in self.cache.stores()
+            for namespace in namespaces
+        ]
+
+    async def start(self) -> None:
+        """Watch, and once every cache holds its first listing, reconcile: a reconcile before
+        that would take children not listed yet for missing."""
+        self._spawn(self._beat(), "heartbeat")
+        reflectors = self.reflectors()
+        for reflector in reflectors:
+            self._spawn(reflector.run(), f"watch {reflector}")
+        if self.config.stats_file:
+            path = Path(self.config.stats_file)
+            self._spawn(stats.write_forever(path, self.client, self.controller), "stats")
+        await asyncio.gather(*(reflector.synced.wait() for reflector in reflectors))
+        self.controller.start()
+        log.info(
+            "warmgate operator started: namespaces=%s, default image %s",
+            ",".join(self.config.namespaces) or "*",
+            self.config.default_image,
+        )
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self.gatekeeper.close()
+        await self.observer.close()
+        await self.controller.stop()
+        await self.pods.close()
+        log.info("api requests made: %s", dict(self.client.requests))
+        if self.config.stats_file:
+            stats.write(Path(self.config.stats_file), stats.snapshot(self.client, self.controller))
+        await self.client.aclose()
+
+    def _spawn(self, coroutine: Any, name: str) -> None:
+        self._tasks.append(asyncio.create_task(coroutine, name=name))
+
+    async def _beat(self) -> None:
+        """The event loop's heartbeat, for /healthz."""
+        while True:
+            self.metrics.heartbeat.beat()
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+
+    def _count_relist(self, kind: ResourceKind) -> None:
+        self.metrics.relists.labels(resource=kind.plural).inc()
+
+    # -- who hears of what ---------------------------------------------------------------------
+
+    def dispatch(self, event: Event) -> None:
+        """A listing or a change from a watch, already in the cache."""
+        if isinstance(event, Listing):
+            for obj in event.gone:  # deleted while the watch was away
+                self._changed(event.kind, DELETED, obj)
+            for obj in event.objects:
+                self._changed(event.kind, None, obj)
+            return
+        self.metrics.watch_events.labels(resource=event.kind.plural).inc()
+        self._changed(event.kind, event.type, event.obj)
+
+    def _changed(self, kind: ResourceKind, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        meta = obj["metadata"]
+        if kind == EMBEDDING_SERVICE:
+            key = (meta["namespace"], meta["name"])
+            deleted = event_type == DELETED
+            self.observer.observe(key, deleted=deleted)
+            if deleted:
+                self.controller.forget(key)
+                self.specs.forget(meta.get("uid"))
+            else:
+                self.controller.enqueue(key)
+            return
+        if kind == POD:
+            # The warm gate judges the pod; the owner's status follows the pod.
+            self.gatekeeper.observe(event_type, obj)
+        owner = (meta.get("labels") or {}).get(SERVICE_LABEL)
+        if owner:
+            self.controller.enqueue_soon((meta["namespace"], owner))
+
+    # -- what the warm gate asks ---------------------------------------------------------------
+
+    def service_of(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
+        meta = pod.get("metadata") or {}
+        owner = (meta.get("labels") or {}).get(SERVICE_LABEL)
+        return self.cache.services.get(meta.get("namespace", ""), owner) if owner else None
+
+    def verifies_latency(self, pod: Mapping[str, Any]) -> bool:
+        service = self.service_of(pod)
+        if service is None:
+            return False
+        try:
+            return self.specs.of(service).rollout.verify_latency
+        except SpecError:
+            return False
+
+    async def record_pod_event(
+        self, pod: Mapping[str, Any], type_: str, reason: str, message: str
+    ) -> None:
+        pod = {**pod, "apiVersion": "v1", "kind": "Pod"}
+        await self.recorder.record(pod, type_, reason, message)
+        service = self.service_of(pod)
+        if service is not None and type_ == "Warning":
+            # Also on the EmbeddingService, where `kubectl describe emb` shows it.
+            await self.recorder.record(service, type_, reason, message)

@@ -1,0 +1,138 @@
+"""The whole operator runtime (runtime.py: watches, cache, controller, gate, observer) over an
+in-memory API whose watches the test breaks at will: an EmbeddingService deleted while its
+watch was away is never reconciled again and none of its children is made again, and a pod
+deleted meanwhile has its gate worker stopped. (The API is in memory so the gap is exact; the
+same property is checked on the real apiserver in test_cluster_relist.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import AsyncIterator
+from typing import Any
+
+from support.fakes import FakeClient
+
+from warmgate_contract import names
+from warmgate_operator.config import OperatorConfig
+from warmgate_operator.kube import DEPLOYMENT, EMBEDDING_SERVICE, POD, ResourceKind
+from warmgate_operator.metrics import Metrics
+from warmgate_operator.runtime import MANAGED_SELECTOR, Operator
+from warmgate_operator.watch import WatchSettings
+
+from .test_reconcile import new_es
+
+FAST = WatchSettings(backoff_initial_seconds=0.01, backoff_max_seconds=0.05)
+
+
+class WatchableClient(FakeClient):
+    """The in-memory API, listable and watchable: every watch stays quiet until `expire`
+    ends it with a 410, as the apiserver does once the version it watches from is compacted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expiring: dict[str, asyncio.Event] = {}
+        self.selectors: dict[str, str] = {}
+
+    async def list(
+        self, kind: ResourceKind, namespace: str | None, selector: str = "", page_size: int = 500
+    ) -> tuple[list[dict[str, Any]], str]:
+        self._count("LIST", kind.kind, selector)
+        self.selectors[kind.plural] = selector
+        wanted = dict(part.split("=", 1) for part in selector.split(",") if part)
+        items = [
+            copy.deepcopy(obj)
+            for (k, ns, _), obj in self.objects.items()
+            if k == kind.kind
+            and namespace in (None, ns)
+            and all((obj["metadata"].get("labels") or {}).get(a) == b for a, b in wanted.items())
+        ]
+        return items, str(next(self._rv))
+
+    async def watch(
+        self,
+        kind: ResourceKind,
+        namespace: str | None,
+        version: str,
+        selector: str,
+        timeout_seconds: int,
+    ) -> AsyncIterator[dict[str, Any]]:
+        self._count("WATCH", kind.kind, selector)
+        expiring = self.expiring.setdefault(kind.plural, asyncio.Event())
+        await expiring.wait()
+        expiring.clear()
+        yield {"type": "ERROR", "object": {"kind": "Status", "code": 410}}
+
+    def expire(self, kind: ResourceKind) -> None:
+        self.expiring.setdefault(kind.plural, asyncio.Event()).set()
+
+
+async def until(condition, seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not within the time")
+
+
+def gated_pod(service: str) -> dict[str, Any]:
+    """A pod of `service` that has not started yet: its gate worker waits for it."""
+    return {
+        "metadata": {
+            "name": f"{service}-abc",
+            "namespace": "default",
+            "labels": {names.MANAGED_BY_LABEL: names.MANAGED_BY, names.SERVICE_LABEL: service},
+        },
+        "spec": {
+            "readinessGates": [{"conditionType": names.WARMED_CONDITION}],
+            "containers": [{"name": "server", "args": ["--model", "m"]}],
+        },
+        "status": {},
+    }
+
+
+async def test_a_service_and_a_pod_deleted_while_the_watches_were_away_stay_gone() -> None:
+    client = WatchableClient()
+    kept = new_es(client)
+    gone = copy.deepcopy(kept)
+    gone["metadata"].update(name="gone", uid="uid-gone")
+    client.put(EMBEDDING_SERVICE, gone)
+    client.put(POD, gated_pod("gone"))
+    metrics = Metrics()
+    config = OperatorConfig(namespaces=("default",), resync_seconds=1)
+    operator = Operator.build(config, client, metrics, FAST)  # type: ignore[arg-type]
+    await operator.start()
+    try:
+        await until(lambda: client.find(DEPLOYMENT, "default", "gone") is not None)
+        await until(lambda: operator.gatekeeper.active == 1)
+        # The children's watches ask the apiserver for warmgate's objects only.
+        assert (
+            client.selectors["pods"] == MANAGED_SELECTOR == "app.kubernetes.io/managed-by=warmgate"
+        )
+        assert client.selectors["deployments"] == MANAGED_SELECTOR
+        assert client.selectors["embeddingservices"] == ""
+
+        # While the watches are away, "gone" is deleted and garbage collection takes its
+        # children and its pod: no watch event tells of it.
+        for key in [key for key in client.objects if key[2].startswith("gone")]:
+            del client.objects[key]
+        for kind in (EMBEDDING_SERVICE, POD, DEPLOYMENT):
+            client.expire(kind)
+        await until(
+            lambda: metrics.value("warmgate_operator_watch_relists_total", {"resource": "pods"})
+        )
+        await until(lambda: operator.gatekeeper.active == 0)
+        await until(lambda: operator.cache.services.get("default", "gone") is None)
+        client.log.clear()
+        reconciles = operator.controller.reconciles
+        await until(lambda: operator.controller.reconciles >= reconciles + 2, seconds=5)  # resyncs
+    finally:
+        await operator.stop()
+    # "minilm" kept being reconciled; nothing was written for "gone" again.
+    assert not [entry for entry in client.log if entry[2].startswith("gone")], client.log
+    assert client.find(DEPLOYMENT, "default", "gone") is None
+    assert operator.controller.keys == [("default", "minilm")]
+    assert (
+        metrics.value("warmgate_operator_watch_relists_total", {"resource": "embeddingservices"})
+        == 1
+    )
