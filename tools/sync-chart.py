@@ -3,8 +3,7 @@
 
 - crds/*.yaml                                  -> charts/warmgate/crds/
 - operator/warmgate_operator/rbac.yaml rules   -> charts/warmgate/files/operator-rules.yaml
-                                                  operator-cluster-rules.yaml and
-                                                  operator-leader-rules.yaml
+                                                  and operator-leader-rules.yaml
 
 `tests/chart` fails when they drift; run `make chart-sync` (this script) to bring them back.
 """
@@ -32,7 +31,6 @@ def rendered_rules(key: str) -> str:
 def expected_files() -> dict[Path, str]:
     files = {
         CHART / "files" / "operator-rules.yaml": rendered_rules("namespaced"),
-        CHART / "files" / "operator-cluster-rules.yaml": rendered_rules("cluster"),
         CHART / "files" / "operator-leader-rules.yaml": rendered_rules("leaderElection"),
     }
     for crd in sorted((ROOT / "crds").glob("*.yaml")):

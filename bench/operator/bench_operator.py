@@ -145,6 +145,22 @@ def read_stats(path: Path) -> dict[str, Any]:
     raise RuntimeError(f"operator wrote no stats to {path}")
 
 
+def settled(stats_file: Path, still_for: float, timeout: float) -> dict[str, Any]:
+    """The operator's stats once its write count has not moved for `still_for` seconds."""
+    deadline = time.monotonic() + timeout
+    last = read_stats(stats_file)
+    since = time.monotonic()
+    while time.monotonic() - since < still_for:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the operator kept writing for {timeout:g}s")
+        time.sleep(1.0)
+        current = read_stats(stats_file)
+        if current["writes"] != last["writes"]:
+            since = time.monotonic()
+        last = current
+    return last
+
+
 def peak_rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -196,7 +212,10 @@ def run(args: argparse.Namespace, kubeconfig: str, api: ApiClient, work: Path) -
         if deployments != args.count:
             raise RuntimeError(f"{deployments} Deployments for {args.count} EmbeddingServices")
         converge_cpu = cpu_seconds(operator.pid)
-        before_quiet = read_stats(stats_file)
+        # Idle begins once the cluster itself is still: the Deployments' own status updates
+        # (their controller settles conditions after the pods' counts) are changes the
+        # operator must follow. Its writes have stopped for a resync period and more.
+        before_quiet = settled(stats_file, args.resync_seconds + 5, args.timeout)
         time.sleep(args.quiet_seconds)
         after_quiet = read_stats(stats_file)
         rss = peak_rss_mib(operator.pid)
@@ -241,6 +260,11 @@ def run(args: argparse.Namespace, kubeconfig: str, api: ApiClient, work: Path) -
         "quiet_reads_per_es_per_minute": round(quiet_reads * per_minute, 3),
         "quiet_writes_per_es_per_minute": round(quiet_writes * per_minute, 3),
         "quiet_reconciles": after_quiet["reconciles"] - before_quiet["reconciles"],
+        "quiet_requests_by_kind": {
+            key: n - before_quiet["requests"].get(key, 0)
+            for key, n in after_quiet["requests"].items()
+            if n != before_quiet["requests"].get(key, 0)
+        },
         "reconciles": after_quiet["reconciles"],
     }
 

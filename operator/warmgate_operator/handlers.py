@@ -21,6 +21,9 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.peering.mandatory = False
     # The operator records its own Events; kopf's per-handler events would be noise.
     settings.posting.enabled = False
+    # kopf watches nothing for this operator (watch.py does): its scans of the cluster's
+    # namespaces and CRDs would cost two watches and cluster-wide permissions for nothing.
+    settings.scanning.disabled = True
 
 
 def register(registry: kopf.OperatorRegistry) -> None:

@@ -25,11 +25,6 @@ def namespaced_rules() -> list[dict[str, Any]]:
     return [dict(rule) for rule in _rules()["namespaced"]]
 
 
-def cluster_rules() -> list[dict[str, Any]]:
-    """Cluster-scoped rules (discovery of CRDs and namespaces) it always needs."""
-    return [dict(rule) for rule in _rules()["cluster"]]
-
-
 def leader_election_rules() -> list[dict[str, Any]]:
     """Rules in the operator's own namespace for its leader Lease."""
     return [dict(rule) for rule in _rules()["leaderElection"]]
@@ -41,7 +36,7 @@ def cluster_role(name: str = ROLE_NAME) -> dict[str, Any]:
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": {"name": name, "labels": {NAME_LABEL: OPERATOR_NAME}},
-        "rules": namespaced_rules() + cluster_rules(),
+        "rules": namespaced_rules(),
     }
 
 

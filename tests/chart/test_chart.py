@@ -96,7 +96,7 @@ def test_default_install_is_cluster_wide_with_exactly_the_operators_rights(helm)
     docs = render(helm)
     rbac = yaml.safe_load((ROOT / "operator" / "warmgate_operator" / "rbac.yaml").read_text())
     (role,) = by_kind(docs, "ClusterRole")
-    assert role["rules"] == rbac["namespaced"] + rbac["cluster"]
+    assert role["rules"] == rbac["namespaced"]
     # The one Role: the leader Lease, in the release's namespace.
     (leases,) = by_kind(docs, "Role")
     assert leases["metadata"]["namespace"] == "warmgate-system"
@@ -114,8 +114,8 @@ def test_watching_namespaces_uses_roles_there(helm):
     roles = [r for r in by_kind(docs, "Role") if not r["metadata"]["name"].endswith("-election")]
     assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
     assert all(role["rules"] == rbac["namespaced"] for role in roles)
-    (discovery,) = by_kind(docs, "ClusterRole")
-    assert discovery["rules"] == rbac["cluster"]
+    # Nothing cluster-wide: kopf's scans of namespaces and CRDs are off.
+    assert by_kind(docs, "ClusterRole") == [] and by_kind(docs, "ClusterRoleBinding") == []
     (deployment,) = by_kind(docs, "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args

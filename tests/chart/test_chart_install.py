@@ -210,7 +210,7 @@ def test_crds_upgrade_with_the_documented_command(devcluster: Any, release: Rele
 def test_watching_one_namespace_runs_on_a_role_there_and_nothing_more(
     devcluster: Any, namespace: str, release: Release
 ) -> None:
-    """`watchNamespaces`: a Role in the namespace plus the discovery-only ClusterRole. The
+    """`watchNamespaces`: a Role in the namespace, and no cluster-wide permission. The
     operator, in-cluster as that release's ServiceAccount, reconciles an EmbeddingService there
     (its pods stay in ErrImagePull: no server is needed). The cluster-wide release of this
     module is scaled to zero meanwhile, so only the namespaced operator can have done it."""

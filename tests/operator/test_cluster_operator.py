@@ -538,7 +538,7 @@ def test_operator_runs_with_exactly_its_rbac_rules(
             )
         )
         as_operator = SimpleNamespace(env=dict(devcluster.env, KUBECONFIG=str(kubeconfig)))
-        # Cluster-wide, as the chart runs it by default: kopf's discovery rules are used too.
+        # Cluster-wide, as the chart runs it by default.
         op = OperatorProcess(as_operator, tmp_path / "rbac.log", "--resync-seconds", RESYNC).start()
         try:
             apply(devcluster, namespace, example(autoscaling={"enabled": True, "minReplicas": 2}))
