@@ -54,6 +54,7 @@ ACROSS_MODULES = {
     "operator/test_cluster_crd.py",  # the CRD on a real apiserver
     "operator/test_cluster_operator.py",  # the operator process on a real apiserver
     "server/test_models.py",  # the model families (docs/models.md): loading, head, packed, runner
+    "server/test_requests.py",  # routes.py and schemas.py on one shared warm app (test_routes.py)
 }
 
 

@@ -21,13 +21,13 @@ from . import draining, faults
 from .config import ServerConfig
 from .context import RUNTIME, WARMUP_HEADER, Runtime
 from .cpus import plan_threads
-from .engine import Engine, finish_vectors
+from .engine import Engine
 from .errors import ModelLoadError
 from .lifecycle import Lifecycle
 from .loading import LoadedModel, load_model
 from .metrics import Metrics
 from .routes import add_routes, count_requests
-from .schemas import dumps, openai_response
+from .schemas import EmbedRequest, dumps, openai_response
 from .source import ModelSource, locate, needs_download
 from .warmup import SettleRule
 
@@ -174,7 +174,7 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
         )
         lifecycle.device, lifecycle.dtype = loaded.device_name, loaded.dtype_name
         lifecycle.model_settings = engine.settings.as_json()
-        lifecycle.forward = engine.forward_report
+        lifecycle.forward = engine.workers.forward_report
         log.info(
             "pooling %s (%s), normalize %s (%s)",
             engine.settings.pooling,
@@ -222,7 +222,7 @@ async def _probe_while_unhealthy(runtime: Runtime, engine: Engine) -> None:
             continue
         try:
             async with asyncio.timeout(runtime.config.forward_timeout + PROBE_INTERVAL_S):
-                await engine.embed(["warmgate health probe"], record=False)
+                await engine.embed(EmbedRequest(["warmgate health probe"], True), record=False)
         except Exception as exc:
             log.warning("health probe failed: %s", exc)
         else:
@@ -252,10 +252,9 @@ def _locate(config: ServerConfig, lifecycle: Lifecycle, loop) -> ModelSource:
 async def _warm_serving_path(engine: Engine) -> None:
     """Without HTTP warmup: one unrecorded request through tokenizer thread, batcher and
     response encoding, so the first user request pays for none of their first-use costs."""
-    result = await engine.embed(["warm the serving path"], record=False)
-    vectors = finish_vectors(result.vectors, None, True)
-    dumps(openai_response(vectors, "warmup", result.prompt_tokens, as_base64=False))
-    dumps(openai_response(vectors, "warmup", result.prompt_tokens, as_base64=True))
+    result = await engine.embed(EmbedRequest(["warm the serving path"], True), record=False)
+    for as_base64 in (False, True):
+        dumps(openai_response(result.output, "warmup", result.prompt_tokens, as_base64))
 
 
 async def _warm_http_path(runtime: Runtime) -> bool:

@@ -77,7 +77,7 @@ def plan_threads(config: ServerConfig, device_type: str, cpus: int | None = None
     loses time at every operator's fork and join (small matrices: 384 wide for MiniLM); a batch
     arriving while the other worker is busy starts at once instead of queueing behind it. A
     small batch that is all there is to do runs solo on every worker's cores instead (the
-    scheduler's `solo`, engine.SOLO_TOKENS): a lone request's latency is what two threads give.
+    scheduler's `solo`, workers.SOLO_TOKENS): a lone request's latency is what two threads give.
     """
     cpus = cpus or usable_cpus()
     workers = config.model_workers or (1 if device_type == "cuda" or cpus < 2 else 2)

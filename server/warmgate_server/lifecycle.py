@@ -39,7 +39,7 @@ class Lifecycle:
     model_settings: dict[str, object] | None = None
     """Pooling, normalisation and prompts as chosen at load (modelconfig.ModelSettings)."""
     forward: Callable[[], dict[str, object]] | None = None
-    """How forward passes run (the engine's forward_report), once the model is loaded."""
+    """How forward passes run (Workers.forward_report), once the model is loaded."""
     commit: str | None = None
     """The hub commit of the files loaded (None: a plain folder)."""
     weights_digest: str | None = None

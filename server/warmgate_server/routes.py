@@ -7,9 +7,8 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-import numpy as np
 from aiohttp import web
 
 from warmgate_contract.names import COLD_HEADER, POD_HEADER, REVISION_HEADER
@@ -17,22 +16,24 @@ from warmgate_contract.names import COLD_HEADER, POD_HEADER, REVISION_HEADER
 from . import __version__
 from .context import RUNTIME, Runtime
 from .draining import CLOSE_AFTER
-from .engine import Embeddings, Engine, TokenStates, finish_vectors
+from .engine import Engine, Result
 from .errors import ApiError, InputTooLong, InvalidTokenIds, ModelFault, QueueFull, validation
 from .metrics import CONTENT_TYPE
 from .schemas import (
     EmbedRequest,
     Limits,
-    check_unicode,
     dumps,
+    exact_floats,
     openai_response,
     parse_flag,
     parse_id_lists,
     parse_object,
     parse_openai,
     parse_prompt_name,
+    parse_similarity,
     parse_strings,
     parse_tei,
+    parse_tei_tokens,
 )
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ async def info(request: web.Request) -> web.Response:
             "sequence_buckets": list(config.sequence_buckets),
             "pad_batch": config.pad_batch,
             "packed": engine.packed if engine else None,
-            "forward": engine.forward_report() if engine else None,
+            "forward": engine.workers.forward_report() if engine else None,
             "workers": runtime.lifecycle.workers,
             "torch_threads": runtime.lifecycle.torch_threads,
             "planned_shapes": [shape.as_json() for shape in runtime.plan],
@@ -185,21 +186,25 @@ async def _read_json(request: web.Request, limit: int) -> object:
         raise ApiError(400, message, "validation", "invalid_json") from None
 
 
-def _limits(runtime: Runtime, openai: bool = False) -> Limits:
-    config = runtime.config
-    engine = runtime.engine
-    assert engine is not None
-    token_ids = engine.openai_ids if openai else None
-    return Limits(
-        max_inputs=config.max_client_batch_size,
-        hidden_size=engine.hidden_size,
-        model_names={config.effective_served_name, config.model},
-        default_normalize=engine.settings.normalize,
-        vocab_size=token_ids.vocab_size if token_ids else engine.vocab_size,
-        auto_truncate=config.auto_truncate,
-        token_ids=token_ids.name if token_ids else "model",
-        prompts=engine.settings.prompts,
-    )
+@dataclass(frozen=True)
+class Api:
+    """How an API answers: its error bodies and statuses, and what it tells a client whose
+    input is too long."""
+
+    error_body: Callable[[ApiError], dict[str, object]]
+    status_of: Callable[[ApiError], int]
+    too_long_hint: str
+
+    def error(self, err: ApiError, headers: dict[str, str]) -> web.Response:
+        return web.json_response(self.error_body(err), status=self.status_of(err), headers=headers)
+
+
+OPENAI = Api(ApiError.openai_body, lambda err: err.openai_status, "")
+TEI = Api(ApiError.tei_body, lambda err: err.status, " or send truncate=true")
+TEI_SIMILARITY = replace(TEI, too_long_hint=" or send parameters.truncate=true")
+
+Parse = Callable[[object, Limits], EmbedRequest]
+Render = Callable[[Runtime, EmbedRequest, Result], object]
 
 
 def _failed_batch(fault: ModelFault) -> ApiError:
@@ -210,28 +215,39 @@ def _failed_batch(fault: ModelFault) -> ApiError:
     )
 
 
-async def _pooled(engine: Engine, parsed: EmbedRequest, warmup: bool) -> Embeddings:
-    result = await engine.embed(
-        parsed.texts,
-        parsed.truncate,
-        parsed.truncate_left,
-        record=not warmup,
-        openai_ids=parsed.openai_ids,
-        prompt=parsed.prompt,
-    )
-    return replace(
-        result, vectors=finish_vectors(result.vectors, parsed.dimensions, parsed.normalize)
-    )
+async def _answer(
+    runtime: Runtime, engine: Engine, parsed: EmbedRequest, warmup: bool, api: Api
+) -> Result:
+    """The pipeline's answer to `parsed` within --request-timeout, its failures as the API's
+    errors."""
+    timeout = runtime.config.request_timeout
+    try:
+        async with asyncio.timeout(timeout):
+            return await engine.embed(parsed, record=not warmup)
+    except TimeoutError:
+        raise ApiError(
+            504,
+            f"no answer within {timeout:g}s (--request-timeout): the server is overloaded "
+            "or its model is stuck; retry",
+            "backend",
+            "timeout",
+        ) from None
+    except ModelFault as fault:
+        raise _failed_batch(fault) from None
+    except InvalidTokenIds as exc:
+        raise validation(str(exc), "invalid_token_ids", "input") from None
+    except InputTooLong as exc:
+        raise validation(
+            f"input {exc.index} has {exc.length} {exc.unit}, above the limit of {exc.limit}: "
+            f"shorten it{api.too_long_hint} (the server truncates instead with --auto-truncate)",
+            "input_too_long",
+        ) from None
+    except QueueFull:
+        message = "overloaded: the queue is full; retry later"
+        raise ApiError(429, message, "overloaded", "overloaded") from None
 
 
-async def _embed(
-    request: web.Request,
-    parse: Callable[[object, Limits], EmbedRequest],
-    render: Callable[[Runtime, EmbedRequest, object], object],
-    error_body: Callable[[ApiError], dict[str, object]],
-    status_of: Callable[[ApiError], int] = lambda err: err.status,
-    run: Callable[[Engine, EmbedRequest, bool], Awaitable[Embeddings | TokenStates]] = _pooled,
-) -> web.Response:
+async def _embed(request: web.Request, api: Api, parse: Parse, render: Render) -> web.Response:
     runtime = request.app[RUNTIME]
     started = time.perf_counter()
     headers = {
@@ -243,40 +259,13 @@ async def _embed(
     try:
         engine = runtime.admit(warmup)
     except ApiError as err:
-        return web.json_response(error_body(err), status=status_of(err), headers=headers)
+        return api.error(err, headers)
     try:
         body = await _read_json(request, runtime.config.payload_limit)
-        parsed = parse(body, _limits(runtime, openai=parse is parse_openai))
-        timeout = runtime.config.request_timeout
-        try:
-            async with asyncio.timeout(timeout):
-                result = await run(engine, parsed, warmup)
-        except TimeoutError:
-            raise ApiError(
-                504,
-                f"no answer within {timeout:g}s (--request-timeout): the server is overloaded "
-                "or its model is stuck; retry",
-                "backend",
-                "timeout",
-            ) from None
-        except ModelFault as fault:
-            raise _failed_batch(fault) from None
-        except InvalidTokenIds as exc:
-            raise validation(str(exc), "invalid_token_ids", "input") from None
-        except InputTooLong as exc:
-            raise validation(
-                f"input {exc.index} has {exc.length} {exc.unit}, above the limit of {exc.limit}: "
-                "shorten it"
-                + (" or send truncate=true" if parse is parse_tei else "")
-                + " (the server truncates instead with --auto-truncate)",
-                "input_too_long",
-            ) from None
-        except QueueFull:
-            message = "overloaded: the queue is full; retry later"
-            raise ApiError(429, message, "overloaded", "overloaded") from None
-        vectors = result.vectors  # finished: cut to `dimensions`, normalised as asked
+        parsed = parse(body, engine.limits)
+        result = await _answer(runtime, engine, parsed, warmup, api)
         headers[COLD_HEADER] = "1" if result.cold else "0"
-        encoded = dumps(render(runtime, parsed, (vectors, result.prompt_tokens)))
+        encoded = dumps(render(runtime, parsed, result))
         seconds = time.perf_counter() - started
         if not warmup:
             runtime.metrics.embedding_duration.labels(
@@ -287,66 +276,47 @@ async def _embed(
         headers["Server-Timing"] = result.timing.server_timing(seconds)
         return web.Response(body=encoded, content_type="application/json", headers=headers)
     except ApiError as err:
-        return web.json_response(error_body(err), status=status_of(err), headers=headers)
+        return api.error(err, headers)
     except Exception as exc:
         log.exception("embedding request failed")
         err = ApiError(500, f"internal error: {type(exc).__name__}", "backend", "internal_error")
-        return web.json_response(error_body(err), status=500, headers=headers)
+        return api.error(err, headers)
     finally:
         runtime.release()
 
 
-def _render_openai(runtime: Runtime, parsed: EmbedRequest, result: object) -> object:
-    vectors, prompt_tokens = result  # type: ignore[misc]
-    return openai_response(
-        vectors, runtime.config.effective_served_name, prompt_tokens, parsed.base64
-    )
+def _render_openai(runtime: Runtime, parsed: EmbedRequest, result: Result) -> object:
+    name = runtime.config.effective_served_name
+    return openai_response(result.output, name, result.prompt_tokens, parsed.base64)
 
 
-def _render_tei(runtime: Runtime, parsed: EmbedRequest, result: object) -> object:
-    vectors, _prompt_tokens = result  # type: ignore[misc]
-    return np.ascontiguousarray(vectors, dtype=np.float32)
+def _render_vectors(runtime: Runtime, parsed: EmbedRequest, result: Result) -> object:
+    return exact_floats(result.output)
+
+
+def _render_token_states(runtime: Runtime, parsed: EmbedRequest, result: Result) -> object:
+    return [exact_floats(states) for states in result.output]
+
+
+def _render_scores(runtime: Runtime, parsed: EmbedRequest, result: Result) -> object:
+    return [float(score) for score in result.output]
 
 
 async def openai_embeddings(request: web.Request) -> web.Response:
-    return await _embed(
-        request,
-        parse_openai,
-        _render_openai,
-        ApiError.openai_body,
-        lambda err: err.openai_status,
-    )
+    return await _embed(request, OPENAI, parse_openai, _render_openai)
 
 
 async def tei_embed(request: web.Request) -> web.Response:
-    return await _embed(request, parse_tei, _render_tei, ApiError.tei_body)
-
-
-async def _token_states(engine: Engine, parsed: EmbedRequest, warmup: bool) -> TokenStates:
-    result = await engine.embed_all(
-        parsed.texts, parsed.truncate, parsed.truncate_left, parsed.prompt
-    )
-    if not parsed.normalize:
-        return result
-    states = [finish_vectors(state, None, True) for state in result.vectors]
-    return replace(result, vectors=states)
-
-
-def _render_states(runtime: Runtime, parsed: EmbedRequest, result: object) -> object:
-    states, _prompt_tokens = result  # type: ignore[misc]
-    return [np.ascontiguousarray(state, dtype=np.float32) for state in states]
+    return await _embed(request, TEI, parse_tei, _render_vectors)
 
 
 async def tei_embed_all(request: web.Request) -> web.Response:
-    """TEI's /embed_all: every token's embedding, no pooling (`normalize` per token, default
-    false as TEI's)."""
+    """TEI's /embed_all: every token's embedding, no pooling."""
+    return await _embed(request, TEI, parse_tei_tokens, _render_token_states)
 
-    def parse(body: object, limits: Limits) -> EmbedRequest:
-        parsed = parse_tei(body, limits)
-        fields = body if isinstance(body, dict) else {}
-        return replace(parsed, normalize=parse_flag(fields.get("normalize"), "normalize", False))
 
-    return await _embed(request, parse, _render_states, ApiError.tei_body, run=_token_states)
+async def tei_similarity(request: web.Request) -> web.Response:
+    return await _embed(request, TEI_SIMILARITY, parse_similarity, _render_scores)
 
 
 # ------------------------------------------------------------------ text-embeddings-inference
@@ -373,11 +343,12 @@ async def tei_tokenize(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     try:
         engine = _tokenizer_engine(runtime)
+        limits = engine.limits
         fields = parse_object(await _read_json(request, runtime.config.payload_limit))
-        texts = parse_strings(fields.get("inputs"), "inputs", runtime.config.max_client_batch_size)
+        texts = parse_strings(fields.get("inputs"), "inputs", limits.max_inputs)
         add_special = parse_flag(fields.get("add_special_tokens"), "add_special_tokens", True)
-        prompt = parse_prompt_name(fields, engine.settings.prompts)
-        return web.json_response(await engine.tokens(texts, add_special, prompt))
+        prompt = parse_prompt_name(fields, limits.prompts)
+        return web.json_response(await engine.pre.tokens(texts, add_special, prompt))
     except ApiError as err:
         return _tei_error(err)
 
@@ -386,51 +357,13 @@ async def tei_decode(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     try:
         engine = _tokenizer_engine(runtime)
+        limits = engine.limits
         fields = parse_object(await _read_json(request, runtime.config.payload_limit))
-        ids = parse_id_lists(
-            fields.get("ids"), "ids", engine.vocab_size, runtime.config.max_client_batch_size
-        )
+        ids = parse_id_lists(fields.get("ids"), "ids", limits.vocab.size, limits.max_inputs)
         skip = parse_flag(fields.get("skip_special_tokens"), "skip_special_tokens", True)
-        return web.json_response(await engine.decode(ids, skip))
+        return web.json_response(await engine.pre.decode(ids, skip))
     except ApiError as err:
         return _tei_error(err)
-
-
-def _parse_similarity(body: object, limits: Limits) -> EmbedRequest:
-    fields = parse_object(body)
-    given = fields.get("inputs")
-    if not isinstance(given, dict):
-        raise validation(
-            "`inputs` must be an object with `source_sentence` (a string) and `sentences` "
-            "(a list of strings)",
-            "invalid_type",
-            "inputs",
-        )
-    source = given.get("source_sentence")
-    sentences = given.get("sentences")
-    if not isinstance(source, str) or not source:
-        raise validation("`inputs.source_sentence` must be a non-empty string", "invalid_type")
-    check_unicode(source, "inputs.source_sentence")
-    texts = parse_strings(sentences, "inputs.sentences", limits.max_inputs - 1)
-    parameters = fields.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise validation("`parameters` must be an object", "invalid_type", "parameters")
-    options = parse_tei({"inputs": texts, **parameters}, limits)
-    return EmbedRequest(
-        texts=[source, *texts],
-        normalize=True,
-        truncate=options.truncate,
-        truncate_left=options.truncate_left,
-    )
-
-
-def _render_similarity(runtime: Runtime, parsed: EmbedRequest, result: object) -> object:
-    vectors, _ = result  # type: ignore[misc]
-    return [float(value) for value in vectors[1:] @ vectors[0]]
-
-
-async def tei_similarity(request: web.Request) -> web.Response:
-    return await _embed(request, _parse_similarity, _render_similarity, ApiError.tei_body)
 
 
 async def tei_root(request: web.Request) -> web.Response:

@@ -91,8 +91,10 @@ def _leading_ones(mask: Sequence[int]) -> int:
 
 @dataclass(frozen=True)
 class BatchResult:
-    vectors: np.ndarray
-    """(real inputs, hidden) pooled, float32, not normalised."""
+    vectors: Sequence[np.ndarray]
+    """One output per real input, in batch order, float32: pooled, the rows of an (inputs,
+    output) array, as the module chain left them; unpooled, each input's (tokens, hidden)
+    token states."""
     seconds: float
     """Wall time of the forward pass, in the model thread."""
     first_time: bool
@@ -312,9 +314,9 @@ class ModelRunner:
         """Run one padded batch of `shape` in model worker `worker`'s thread; the first
         `len(batch)` rows are real inputs. A shape is warm per worker and thread count: each
         thread has its own allocator arena, BLAS buffers and thread team, and oneDNN's kernels
-        are chosen per thread count. `pool=False`: the vectors are every real token's last
-        hidden state, the inputs' tokens one after another (/embed_all). `threads`: torch
-        threads for this pass only (a solo batch), else the worker's own."""
+        are chosen per thread count. `pool=False`: each input's output is its tokens' last
+        hidden states (/embed_all). `threads`: torch threads for this pass only (a solo
+        batch), else the worker's own."""
         started, cpu_started = time.perf_counter(), time.thread_time()
         graphs = self.graphs
         by_graph = pool and graphs is not None and graphs.has(shape, worker)
@@ -349,7 +351,9 @@ class ModelRunner:
         assert self.graphs is not None
         self.graphs.capture(shape, worker)
 
-    def _forward(self, batch: Sequence[Sequence[int]], shape: Shape, pool: bool) -> np.ndarray:
+    def _forward(
+        self, batch: Sequence[Sequence[int]], shape: Shape, pool: bool
+    ) -> Sequence[np.ndarray]:
         import torch
 
         loaded = self.loaded
@@ -357,7 +361,7 @@ class ModelRunner:
             with torch.inference_mode():
                 states, starts, lengths = self.packed.encode(batch, shape.seq_len, shape.batch_size)
                 if not pool:  # every real token's state, input after input
-                    return states.float().cpu().numpy()
+                    return _per_input(states.float().cpu().numpy(), batch)
                 pool_from = pool_starts(batch)
                 return self.head.packed(states, starts, lengths, pool_from).cpu().numpy()
         count = len(batch)
@@ -375,8 +379,15 @@ class ModelRunner:
             hidden = output[0][:count].float()
             if not pool:
                 states = [hidden[row, : len(tokens)] for row, tokens in enumerate(batch)]
-                return torch.cat(states).cpu().numpy()
+                return _per_input(torch.cat(states).cpu().numpy(), batch)
             # Inputs are right-padded: "last" is each row's last real token.
             pooled = self.head.padded(hidden, torch.from_numpy(pool_mask[:count]).to(device))
             # .cpu() waits for the device, so the timing covers the whole forward pass.
             return pooled.cpu().numpy()
+
+
+def _per_input(states: np.ndarray, batch: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """(tokens, hidden) states of the batch's inputs one after another, split by input (copied
+    to the host in one piece, then cut)."""
+    ends = np.cumsum([len(tokens) for tokens in batch])
+    return np.split(states, ends[:-1])

@@ -1,6 +1,9 @@
-"""The dynamic batcher: a bounded queue of inputs grouped by sequence bucket, batches built
-against the batch-size and token limits (padding counted), results handed back per request in
-order. Knows tokens, buckets and futures; nothing of HTTP or torch."""
+"""The dynamic batcher (core): a bounded queue of inputs grouped by sequence bucket, batches
+built against the batch-size and token limits (padding counted), results handed back per request
+in order. Every request goes through it: pooled (one vector per input) and per-token (/embed_all)
+alike, under the same queue bound, forward timeout and fault accounting; a batch holds inputs of
+one kind only, since its forward pass either pools or does not. Knows tokens, buckets and
+futures; nothing of HTTP or torch."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -24,9 +28,14 @@ from .shapes import ShapePolicy, bucket_for
 
 log = logging.getLogger(__name__)
 
-Execute = Callable[[list[Sequence[int]], Shape, int, bool], Awaitable[BatchResult]]
-"""Run a batch as a shape on a model worker (its index); the flag: solo, on every worker's
-cores."""
+
+class Execute(Protocol):
+    """Run a batch as a shape on a model worker (its index). `solo`: on every worker's cores;
+    `pooled`: one vector per input, else every input's token states."""
+
+    def __call__(
+        self, batch: list[Sequence[int]], shape: Shape, worker: int, *, solo: bool, pooled: bool
+    ) -> Awaitable[BatchResult]: ...
 
 
 @dataclass
@@ -56,8 +65,9 @@ class StageTimes:
 
 @dataclass(frozen=True)
 class Embedded:
-    vectors: np.ndarray
-    """(inputs, hidden) float32, in request order, not normalised."""
+    outputs: list[np.ndarray]
+    """Per input, in request order: its pooled vector (float32, as the module chain left it),
+    or its tokens' last hidden states (tokens, hidden)."""
     cold: bool
     """At least one of the batches that served this request ran its shape for the first time."""
     timing: StageTimes = field(default_factory=StageTimes)
@@ -66,10 +76,11 @@ class Embedded:
 @dataclass
 class _Request:
     future: asyncio.Future[Embedded]
-    size: int
+    outputs: list[np.ndarray | None]
+    """By input index, filled as its batches finish: all set once `remaining` is 0."""
     remaining: int
+    pooled: bool
     recorded: bool = True
-    vectors: np.ndarray | None = None
     cold: bool = False
     timing: StageTimes = field(default_factory=StageTimes)
 
@@ -79,12 +90,19 @@ class _Request:
         return self.future.done()
 
 
+class Lane(NamedTuple):
+    """Inputs that may share a batch: the same kind of output, and the bucket that holds them."""
+
+    pooled: bool
+    bucket: int
+
+
 @dataclass
 class _Item:
     request: _Request
     index: int
     token_ids: Sequence[int]
-    bucket: int
+    lane: Lane
     order: int
     enqueued: float
 
@@ -105,7 +123,8 @@ class Scheduler:
     """A batch running longer fails its requests (ModelFault, hung) and counts as a fault; its
     worker stays taken until the pass really returns."""
     on_fault: Callable[[str, bool], None] = lambda error, hung: None
-    """Called with (what went wrong, hung) for each failed or hung batch."""
+    """Called with (what went wrong, hung) for each failed or hung batch, once it is counted
+    (model_faults_total)."""
     on_success: Callable[[], None] = lambda: None
     """Called for each batch that ran."""
     solo: Callable[[Shape], bool] = lambda shape: False
@@ -113,7 +132,7 @@ class Scheduler:
     batch running, nothing queued or being tokenized) it gets every worker's cores, and no
     other batch starts until it is done. A lone small request then takes half the time on two
     cores, while under load the workers still run side by side."""
-    _pending: dict[int, deque[_Item]] = field(default_factory=dict)
+    _pending: dict[Lane, deque[_Item]] = field(default_factory=dict)
     _arrival: asyncio.Event = field(default_factory=asyncio.Event)
     _order: itertools.count = field(default_factory=itertools.count)
     _queued: int = 0
@@ -133,22 +152,29 @@ class Scheduler:
     def idle(self) -> bool:
         return self._queued == 0 and self._active == 0
 
-    async def submit(self, token_ids: Sequence[Sequence[int]], record: bool = True) -> Embedded:
-        """Queue one request's inputs (each within the largest bucket) and await its vectors.
+    async def submit(
+        self, token_ids: Sequence[Sequence[int]], record: bool = True, pooled: bool = True
+    ) -> Embedded:
+        """Queue one request's inputs (each within the largest bucket) and await its outputs:
+        pooled vectors, or with `pooled=False` every input's token states.
 
         `record=False` keeps the request out of the served-shape profile and batch metrics
         (the server's own warmup of the serving path)."""
         if self._queued + len(token_ids) > self.max_queued_inputs:
             raise QueueFull(f"{self._queued} inputs already queued")
-        loop = asyncio.get_running_loop()
-        request = _Request(loop.create_future(), len(token_ids), len(token_ids), record)
-        now = time.monotonic()
+        lanes = []
         for index, ids in enumerate(token_ids):
             bucket = bucket_for(len(ids), self.policy.buckets)
             if bucket is None:
                 raise ValueError(f"input {index} has {len(ids)} tokens, above the largest bucket")
-            item = _Item(request, index, ids, bucket, next(self._order), now)
-            self._pending.setdefault(bucket, deque()).append(item)
+            lanes.append(Lane(pooled, bucket))
+        loop = asyncio.get_running_loop()
+        count = len(token_ids)
+        request = _Request(loop.create_future(), [None] * count, count, pooled, record)
+        now = time.monotonic()
+        for index, (ids, lane) in enumerate(zip(token_ids, lanes, strict=True)):
+            item = _Item(request, index, ids, lane, next(self._order), now)
+            self._pending.setdefault(lane, deque()).append(item)
         self._queued += len(token_ids)
         self.metrics.queue_depth.set(self._queued)
         self._arrival.set()
@@ -160,38 +186,42 @@ class Scheduler:
                 request.future.cancel()
 
     def _drop_abandoned_heads(self) -> None:
-        for bucket, items in list(self._pending.items()):
+        for lane, items in list(self._pending.items()):
             while items and items[0].request.abandoned:
                 items.popleft()
                 self._queued -= 1
             if not items:
-                del self._pending[bucket]
+                del self._pending[lane]
 
-    def _choose_bucket(self) -> int | None:
-        """The bucket of the next batch: the oldest input always rides in it; among the buckets
-        that hold it, the one with the fewest padded tokens per input (shorter inputs fill a
-        longer bucket's rows when that beats running them apart)."""
+    def _choose_lane(self) -> Lane | None:
+        """The lane of the next batch: the oldest input always rides in it; among the buckets
+        of its kind that hold it, the one with the fewest padded tokens per input (shorter
+        inputs fill a longer bucket's rows when that beats running them apart)."""
         self._drop_abandoned_heads()
         if not self._pending:
             return None
-        anchor = min(self._pending, key=lambda bucket: self._pending[bucket][0].order)
-        best: tuple[float, int] | None = None
+        anchor = min(self._pending, key=lambda lane: self._pending[lane][0].order)
+        best: tuple[float, Lane] | None = None
         waiting = 0
-        for bucket in sorted(self._pending):
-            waiting += len(self._pending[bucket])
-            if bucket < anchor:
+        for lane in sorted(lane for lane in self._pending if lane.pooled == anchor.pooled):
+            waiting += len(self._pending[lane])
+            if lane.bucket < anchor.bucket:
                 continue
-            count = min(waiting, self.policy.capacity(bucket))
-            cost = self.policy.shape_for(count, bucket).tokens / count
+            count = min(waiting, self.policy.capacity(lane.bucket))
+            cost = self.policy.shape_for(count, lane.bucket).tokens / count
             if best is None or cost < best[0]:
-                best = (cost, bucket)
+                best = (cost, lane)
         assert best is not None
         return best[1]
 
-    def _take(self, bucket: int) -> list[_Item]:
-        """Up to a batch of inputs that fit `bucket`, oldest first."""
-        capacity = self.policy.capacity(bucket)
-        sources = [items for key, items in self._pending.items() if key <= bucket]
+    def _take(self, lane: Lane) -> list[_Item]:
+        """Up to a batch of inputs of `lane`'s kind that fit its bucket, oldest first."""
+        capacity = self.policy.capacity(lane.bucket)
+        sources = [
+            items
+            for key, items in self._pending.items()
+            if key.pooled == lane.pooled and key.bucket <= lane.bucket
+        ]
         taken: list[_Item] = []
         while len(taken) < capacity:
             heads = [items for items in sources if items]
@@ -206,11 +236,11 @@ class Scheduler:
         self.metrics.queue_depth.set(self._queued)
         return taken
 
-    async def _wait_for_more(self, bucket: int) -> None:
+    async def _wait_for_more(self, lane: Lane) -> None:
         """Give a batch that is not full up to max_wait from its oldest input to fill up."""
         oldest = min(items[0].enqueued for items in self._pending.values() if items)
         deadline = oldest + self.max_wait_s
-        capacity = self.policy.capacity(bucket)
+        capacity = self.policy.capacity(lane.bucket)
         while self._queued < capacity:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -231,21 +261,21 @@ class Scheduler:
                     self._worker_freed.clear()
                     await self._worker_freed.wait()
                     continue
-                bucket = self._choose_bucket()
-                if bucket is None:
+                lane = self._choose_lane()
+                if lane is None:
                     self._arrival.clear()
                     await self._arrival.wait()
                     continue
                 if (
                     self.max_wait_s > 0
                     and self.more_coming()
-                    and self._queued < self.policy.capacity(bucket)
+                    and self._queued < self.policy.capacity(lane.bucket)
                 ):
-                    await self._wait_for_more(bucket)
-                    bucket = self._choose_bucket()
-                    if bucket is None:
+                    await self._wait_for_more(lane)
+                    lane = self._choose_lane()
+                    if lane is None:
                         continue
-                batch = self._take(bucket)
+                batch = self._take(lane)
                 if batch:
                     solo = self._alone(batch)
                     if solo:  # always worker 0: the one whose thread the warmup ran solo
@@ -264,7 +294,7 @@ class Scheduler:
         shape that may."""
         if self._active or self._queued or self.more_coming():
             return False
-        return self.solo(self.policy.shape_for(len(batch), max(item.bucket for item in batch)))
+        return self.solo(self._shape(batch))
 
     def _start(self, batch: list[_Item], worker: int, solo: bool = False) -> None:
         # Counted before the task first runs, so the loop's next choice already sees it.
@@ -286,12 +316,18 @@ class Scheduler:
             self._free.append(worker)
             self._worker_freed.set()
 
+    def _shape(self, batch: list[_Item]) -> Shape:
+        bucket = max(item.lane.bucket for item in batch)  # the smallest that holds them all
+        return self.policy.shape_for(len(batch), bucket)
+
     async def _run_batch(self, batch: list[_Item], worker: int = 0, solo: bool = False) -> None:
-        bucket = max(item.bucket for item in batch)  # the smallest bucket that holds them all
-        shape = self.policy.shape_for(len(batch), bucket)
+        shape = self._shape(batch)
+        pooled = batch[0].lane.pooled  # a batch holds one lane's kind (_take)
         started = time.monotonic()
         running = asyncio.ensure_future(
-            self.execute([item.token_ids for item in batch], shape, worker, solo)
+            self.execute(
+                [item.token_ids for item in batch], shape, worker, solo=solo, pooled=pooled
+            )
         )
         try:
             result = await asyncio.wait_for(asyncio.shield(running), self.forward_timeout_s)
@@ -308,7 +344,7 @@ class Scheduler:
             )
             log.error("%s: failing its %d requests", message, len(batch))
             self._fail(batch, ModelFault(message, hung=True))
-            self.on_fault(message, True)
+            self._fault(message, hung=True)
             # The thread is still busy: keep the worker taken until it returns.
             await asyncio.gather(running, return_exceptions=True)
             return
@@ -316,7 +352,7 @@ class Scheduler:
             log.exception("batch %s failed", shape.key)
             message = f"{type(exc).__name__}: {exc}"
             self._fail(batch, ModelFault(f"the forward pass of {shape.key} failed: {message}"))
-            self.on_fault(message, False)
+            self._fault(message, hung=False)
             return
         self.on_success()
         if any(item.request.recorded for item in batch):
@@ -339,14 +375,15 @@ class Scheduler:
             timing.queue = max(timing.queue, started - item.enqueued)
             timing.model = max(timing.model, model_seconds)
             timing.model_cpu = max(timing.model_cpu, result.cpu_seconds)
-            if request.vectors is None:
-                hidden = result.vectors.shape[1]
-                request.vectors = np.empty((request.size, hidden), dtype=np.float32)
-            request.vectors[item.index] = result.vectors[row]
+            request.outputs[item.index] = result.vectors[row]
             request.cold = request.cold or result.first_time
             request.remaining -= 1
             if request.remaining == 0:
-                request.future.set_result(Embedded(request.vectors, request.cold, request.timing))
+                request.future.set_result(Embedded(request.outputs, request.cold, request.timing))
+
+    def _fault(self, message: str, hung: bool) -> None:
+        self.metrics.model_faults.labels(kind="hung" if hung else "raised").inc()
+        self.on_fault(message, hung)
 
     @staticmethod
     def _fail(batch: list[_Item], error: Exception) -> None:

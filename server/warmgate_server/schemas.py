@@ -1,11 +1,13 @@
-"""Request validation and response bodies for the OpenAI and text-embeddings-inference APIs."""
+"""Request validation and response bodies for the OpenAI and text-embeddings-inference APIs.
+A parsed request (EmbedRequest) is the plan of what the pipeline does with it."""
 
 from __future__ import annotations
 
 import base64
+import enum
 import json
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -18,15 +20,31 @@ from .errors import ApiError, empty, validation
 
 
 @dataclass(frozen=True)
+class Vocabulary:
+    """Whose token ids an input given as ids holds, and how many ids there are."""
+
+    name: str
+    """`model` (the model's own ids), or an OpenAI encoding's name (cl100k_base)."""
+    size: int
+
+    @property
+    def model_own(self) -> bool:
+        return self.name == "model"
+
+
+@dataclass(frozen=True)
 class Limits:
+    """What requests are checked against: resolved once, when the model is loaded."""
+
     max_inputs: int
     hidden_size: int
     model_names: Collection[str]
     default_normalize: bool
-    vocab_size: int = 1 << 31
+    vocab: Vocabulary = Vocabulary("model", 1 << 31)
+    """The model's token ids, which TEI's routes take."""
+    openai_vocab: Vocabulary | None = None
+    """The ids the OpenAI route takes when they are not the model's (--openai-token-ids)."""
     auto_truncate: bool = False
-    token_ids: str = "model"
-    """Whose token ids inputs given as ids are: the model's, or an OpenAI encoding's name."""
     prompts: Mapping[str, str] = field(default_factory=dict)
     """The model's named prompts, which a request picks with `prompt_name`."""
 
@@ -35,10 +53,22 @@ Input = str | list[int]
 """A text, or the model's own token ids (TEI and OpenAI both accept them)."""
 
 
+class Output(enum.Enum):
+    """What a request gets back, which decides the forward pass and the post step."""
+
+    POOLED = "pooled"
+    """One vector per input (/v1/embeddings, /embed)."""
+    TOKENS = "tokens"
+    """Per input, every token's vector, unpooled (/embed_all)."""
+    SIMILARITY = "similarity"
+    """The first input's cosine similarity with each of the others (/similarity)."""
+
+
 @dataclass(frozen=True)
 class EmbedRequest:
     texts: list[Input]
     normalize: bool
+    output: Output = Output.POOLED
     dimensions: int | None = None
     truncate: bool = False
     truncate_left: bool = False
@@ -67,7 +97,7 @@ def _is_ids(value: object) -> bool:
     )
 
 
-def _texts(value: object, field: str, limits: Limits) -> list[Input]:
+def _texts(value: object, field: str, max_inputs: int, vocab: Vocabulary) -> list[Input]:
     """A string, a list of strings, a list of token ids, or a list of token-id lists (the
     OpenAI and TEI input shapes, mixed as TEI allows)."""
     if value is None:
@@ -95,27 +125,22 @@ def _texts(value: object, field: str, limits: Limits) -> list[Input]:
             raise empty(f"`{field}[{index}]` is {what}", field)
         if isinstance(item, str):
             check_unicode(item, f"{field}[{index}]")
-        if not isinstance(item, str) and not all(0 <= i < limits.vocab_size for i in item):
-            whose = (
-                "this model's vocabulary"
-                if limits.token_ids == "model"
-                else f"the {limits.token_ids} vocabulary"
-            )
+        if not isinstance(item, str) and not all(0 <= i < vocab.size for i in item):
+            whose = "this model's vocabulary" if vocab.model_own else f"the {vocab.name} vocabulary"
             raise validation(
-                f"`{field}[{index}]` has token ids outside {whose} "
-                f"(0..{limits.vocab_size - 1})"
+                f"`{field}[{index}]` has token ids outside {whose} (0..{vocab.size - 1})"
                 + (
                     ": token ids are the model's own, not another tokenizer's (the server "
                     "takes OpenAI's with --openai-token-ids cl100k_base)"
-                    if limits.token_ids == "model"
+                    if vocab.model_own
                     else ""
                 ),
                 "invalid_token_ids",
                 field,
             )
-    if len(inputs) > limits.max_inputs:
+    if len(inputs) > max_inputs:
         raise validation(
-            f"`{field}` has {len(inputs)} inputs, more than the limit of {limits.max_inputs} per "
+            f"`{field}` has {len(inputs)} inputs, more than the limit of {max_inputs} per "
             "request: split it into several requests",
             "too_many_inputs",
             field,
@@ -228,7 +253,8 @@ def _object(body: object) -> dict[str, object]:
 
 def parse_openai(body: object, limits: Limits) -> EmbedRequest:
     fields = _object(body)
-    texts = _texts(fields.get("input"), "input", limits)
+    vocab = limits.openai_vocab or limits.vocab
+    texts = _texts(fields.get("input"), "input", limits.max_inputs, vocab)
     model = fields.get("model")
     if model is not None:
         if not isinstance(model, str):
@@ -258,13 +284,13 @@ def parse_openai(body: object, limits: Limits) -> EmbedRequest:
         dimensions=_dimensions(fields.get("dimensions"), limits),
         truncate=limits.auto_truncate,
         base64=encoding == "base64",
-        openai_ids=limits.token_ids != "model",
+        openai_ids=not vocab.model_own,
     )
 
 
 def parse_tei(body: object, limits: Limits) -> EmbedRequest:
     fields = _object(body)
-    texts = _texts(fields.get("inputs"), "inputs", limits)
+    texts = _texts(fields.get("inputs"), "inputs", limits.max_inputs, limits.vocab)
     direction = fields.get("truncation_direction", "right")
     if not isinstance(direction, str) or direction.lower() not in ("left", "right"):
         raise validation(
@@ -279,6 +305,45 @@ def parse_tei(body: object, limits: Limits) -> EmbedRequest:
         truncate=_bool(fields.get("truncate"), "truncate", limits.auto_truncate),
         truncate_left=direction.lower() == "left",
         prompt=parse_prompt_name(fields, limits.prompts),
+    )
+
+
+def parse_tei_tokens(body: object, limits: Limits) -> EmbedRequest:
+    """TEI's /embed_all: as /embed, but every token's vector; `normalize` (per token) defaults
+    to false, as TEI's does."""
+    parsed = parse_tei(body, limits)
+    normalize = _bool(_object(body).get("normalize"), "normalize", False)
+    return replace(parsed, output=Output.TOKENS, normalize=normalize)
+
+
+def parse_similarity(body: object, limits: Limits) -> EmbedRequest:
+    """TEI's /similarity: `inputs.source_sentence` and `inputs.sentences`, TEI's `parameters`
+    (`truncate`, `truncation_direction`)."""
+    fields = _object(body)
+    given = fields.get("inputs")
+    if not isinstance(given, dict):
+        raise validation(
+            "`inputs` must be an object with `source_sentence` (a string) and `sentences` "
+            "(a list of strings)",
+            "invalid_type",
+            "inputs",
+        )
+    source = given.get("source_sentence")
+    sentences = given.get("sentences")
+    if not isinstance(source, str) or not source:
+        raise validation("`inputs.source_sentence` must be a non-empty string", "invalid_type")
+    check_unicode(source, "inputs.source_sentence")
+    texts = parse_strings(sentences, "inputs.sentences", limits.max_inputs - 1)
+    parameters = fields.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise validation("`parameters` must be an object", "invalid_type", "parameters")
+    options = parse_tei({"inputs": texts, **parameters}, limits)
+    return EmbedRequest(
+        texts=[source, *texts],
+        normalize=True,
+        output=Output.SIMILARITY,
+        truncate=options.truncate,
+        truncate_left=options.truncate_left,
     )
 
 
@@ -298,6 +363,11 @@ def openai_response(
         "model": model,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
+
+
+def exact_floats(vectors: np.ndarray) -> np.ndarray:
+    """Vectors as `dumps` writes each float32 exactly (contiguous float32, which orjson takes)."""
+    return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
 def _plain(value: object) -> object:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
-from support.server import QUICK_SETTLE, make_config
+from support.server import QUICK_SETTLE, make_config, until_ready
 
 from warmgate_server.app import create_app
 from warmgate_server.config import parse_config
 from warmgate_server.loading import LoadedModel, load_model
-from warmgate_server.testing import minilm_path, wait_for_phase
+from warmgate_server.testing import minilm_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -58,8 +58,7 @@ def start_server(aiohttp_client, minilm_dir: Path, request) -> StartServer:
         app: web.Application = create_app(config, preloaded=preloaded, settle_rule=QUICK_SETTLE)
         client = await aiohttp_client(app)
         if wait:
-            report = await wait_for_phase(client, {"ready", "failed"})
-            assert report["phase"] == "ready", report
+            await until_ready(client)
         return client
 
     return start

@@ -57,11 +57,14 @@ def test_failing_forward_passes_take_ready_then_liveness_and_recovery_brings_bot
     with ServerProcess(args, env=ENV) as server:
         server.wait_ready(300)
         faults(server, mode="raise")
-        for _ in range(2):
-            status, body, _ = post(server, "/v1/embeddings", {"input": "hello"})
-            # A client is told to go elsewhere, with the cause, not a bare 500.
-            assert status == 503 and body["error"]["code"] == "model_fault", body
-            assert "illegal memory access" in body["error"]["message"]
+        # A client is told to go elsewhere, with the cause, not a bare 500; /embed_all's
+        # forward passes fail and count like every other's.
+        status, body, _ = post(server, "/v1/embeddings", {"input": "hello"})
+        assert status == 503 and body["error"]["code"] == "model_fault", body
+        assert "illegal memory access" in body["error"]["message"]
+        status, body, _ = post(server, "/embed_all", {"inputs": "hello"})
+        assert status == 503 and body["error_type"] == "Backend", body
+        assert "illegal memory access" in body["error"]
         status, report = server.get_json("/ready")
         assert status == 503 and report["phase"] == "unhealthy", report
         assert "2 forward passes in a row" in report["error"]

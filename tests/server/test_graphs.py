@@ -11,12 +11,13 @@ and the settings. bench/server/gpu_bench.sh runs the real capture on a GPU.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
-from support.server import dense_pooled, pooled
+from support.server import QUICK_SETTLE, dense_pooled, pooled
 
 from warmgate_contract.report import WARMING
 from warmgate_contract.shapes import Shape
@@ -25,8 +26,11 @@ from warmgate_server.graphs import GraphCaptureError, GraphSet, graph_forward, r
 from warmgate_server.head import Head
 from warmgate_server.lifecycle import Lifecycle
 from warmgate_server.loading import LoadedModel, load_model
+from warmgate_server.metrics import Metrics
 from warmgate_server.packed import PackedBert
 from warmgate_server.runner import ModelRunner
+from warmgate_server.warming import Warmup
+from warmgate_server.workers import Workers
 
 TEXTS = [
     "hi",
@@ -139,7 +143,7 @@ def test_planned_shapes_run_by_their_graph_and_others_eagerly_and_cold(loaded_mi
     assert eager.first_time and not runner.execute(tokens, unplanned).first_time
     np.testing.assert_allclose(first.vectors, eager.vectors, atol=2e-5, rtol=1e-4)
     states = runner.execute(tokens, planned, pool=False)
-    assert states.first_time and states.vectors.shape[0] == sum(map(len, tokens))
+    assert states.first_time and [len(s) for s in states.vectors] == [len(t) for t in tokens]
 
 
 def test_graph_settings_are_checked() -> None:
@@ -152,18 +156,32 @@ def test_graph_settings_are_checked() -> None:
     assert parse_config(["--model", "m"]).cuda_graphs == "auto"
 
 
-def _engine(minilm_dir, loaded: LoadedModel, *args: str):
-    from warmgate_server.engine import Engine
-    from warmgate_server.metrics import Metrics
+PLAN = (Shape(1, 16), Shape(2, 16), Shape(1, 32))
 
-    config = parse_config(["--model", str(minilm_dir), "--sequence-buckets", "16,32", *args])
-    plan = (Shape(1, 16), Shape(2, 16), Shape(1, 32))
-    model_threads = [ThreadPoolExecutor(1)]
-    tokenizers = ThreadPoolExecutor(1)
-    engine = Engine(config, loaded, plan, Metrics(), model_threads, tokenizers)
-    lifecycle = Lifecycle("m", "main", "m", "cpu", "float32", plan)
+
+@pytest.fixture
+def make_workers(minilm_dir, loaded_minilm: LoadedModel) -> Iterator[Callable[..., Workers]]:
+    """One model worker on the shared model, as an engine builds it for these flags."""
+    threads: list[ThreadPoolExecutor] = []
+
+    def make(*args: str) -> Workers:
+        config = parse_config(["--model", str(minilm_dir), "--sequence-buckets", "16,32", *args])
+        threads.append(ThreadPoolExecutor(1))
+        runner = ModelRunner(loaded_minilm, "mean", 32)
+        return Workers(config, loaded_minilm, runner, threads[-1:])
+
+    yield make
+    for thread in threads:
+        thread.shutdown()
+
+
+def _warm(workers: Workers, graphs_required: bool = False) -> Lifecycle:
+    """Run the warmup of PLAN on `workers`; the lifecycle it filled in."""
+    lifecycle = Lifecycle("m", "main", "m", "cpu", "float32", PLAN)
     lifecycle.enter(WARMING)
-    return engine, lifecycle, [*model_threads, tokenizers]
+    warmup = Warmup(workers, PLAN, Metrics(), graphs_required=graphs_required)
+    asyncio.run(warmup.run(lifecycle, QUICK_SETTLE))
+    return lifecycle
 
 
 def _failing_capture(forward, ids, mask, pool_mask, pool):
@@ -174,56 +192,44 @@ def _failing_capture(forward, ids, mask, pool_mask, pool):
 
 @pytest.mark.parametrize("mode", ["auto", "on"])
 def test_a_capture_that_fails_serves_eagerly_or_fails_the_warmup(
-    minilm_dir, loaded_minilm, mode: str
+    make_workers, loaded_minilm, mode: str
 ) -> None:
     """auto: the graphs already captured are dropped, every shape warms eagerly and /ready
-    says why; on: warmup fails with the reason. (On a CPU the engine makes no graphs itself,
-    so the test hands it a graph set whose third capture fails.)"""
-    import dataclasses
-
+    says why; on: warmup fails with the reason. (On a CPU the workers make no graphs
+    themselves, so the test hands them a graph set whose third capture fails.)"""
     from warmgate_server.errors import ModelLoadError
 
     if mode == "on":  # --device auto that found no GPU: refused at start, never served eagerly
         with pytest.raises(ModelLoadError, match="--cuda-graphs on: the device is cpu"):
-            _engine(minilm_dir, loaded_minilm, "--cuda-graphs", "on")
-    engine, lifecycle, threads = _engine(minilm_dir, loaded_minilm)
-    assert engine.forward_report()["cuda_graphs"] == {
+            make_workers("--cuda-graphs", "on")
+    workers = make_workers()
+    assert workers.forward_report()["cuda_graphs"] == {
         "mode": "off",
         "reason": "the device is cpu",
     }
-    engine.config = dataclasses.replace(engine.config, cuda_graphs=mode)
-    engine.runner.graphs = _graph_set(loaded_minilm, capture=_failing_capture)
-    engine.graphs_mode, engine.graphs_reason = "on", ""
-    try:
-        if mode == "on":
-            with pytest.raises(ModelLoadError, match=r"--cuda-graphs on: cannot capture .* 1x32"):
-                asyncio.run(engine.warm(lifecycle))
-            assert not lifecycle.warmed  # no shape was settled before the captures
-            return
-        asyncio.run(engine.warm(lifecycle))
-        report = engine.forward_report()["cuda_graphs"]
-        assert report["mode"] == "off" and "stream is capturing" in report["reason"]
-        assert engine.runner.graphs is None
-        assert set(lifecycle.warmed) == set(engine.plan)
-    finally:
-        for pool in threads:
-            pool.shutdown()
+    workers.runner.graphs = _graph_set(loaded_minilm, capture=_failing_capture)
+    workers.graphs_mode, workers.graphs_reason = "on", ""
+    if mode == "on":
+        with pytest.raises(ModelLoadError, match=r"--cuda-graphs on: cannot capture .* 1x32"):
+            _warm(workers, graphs_required=True)
+        return
+    lifecycle = _warm(workers)
+    report = workers.forward_report()["cuda_graphs"]
+    assert report["mode"] == "off" and "stream is capturing" in report["reason"]
+    assert workers.runner.graphs is None
+    assert set(lifecycle.warmed) == set(PLAN)
 
 
-def test_graphs_captured_during_warmup_serve_the_plan(minilm_dir, loaded_minilm) -> None:
+def test_graphs_captured_during_warmup_serve_the_plan(make_workers, loaded_minilm) -> None:
     """Every planned shape gets its graph before any is settled; the report counts them."""
-    engine, lifecycle, threads = _engine(minilm_dir, loaded_minilm)
-    engine.runner.graphs = _graph_set(loaded_minilm)
-    engine.graphs_mode, engine.graphs_reason = "on", ""
-    try:
-        asyncio.run(engine.warm(lifecycle))
-        report = engine.forward_report()["cuda_graphs"]
-        assert report["mode"] == "on" and report["captured"] == len(engine.plan)
-        assert all(engine.runner.graphs.has(shape, 0) for shape in engine.plan)
-        assert set(lifecycle.warmed) == set(engine.plan)
-    finally:
-        for pool in threads:
-            pool.shutdown()
+    workers = make_workers()
+    graphs = workers.runner.graphs = _graph_set(loaded_minilm)
+    workers.graphs_mode, workers.graphs_reason = "on", ""
+    lifecycle = _warm(workers)
+    report = workers.forward_report()["cuda_graphs"]
+    assert report["mode"] == "on" and report["captured"] == len(PLAN)
+    assert all(graphs.has(shape, 0) for shape in PLAN)
+    assert set(lifecycle.warmed) == set(PLAN)
 
 
 def test_capture_errors_name_the_shape(loaded_minilm) -> None:

@@ -1,7 +1,9 @@
-"""The dynamic batcher on its own: bucket grouping, batch padding, order, dropped clients.
+"""The dynamic batcher on its own: bucket grouping, batch padding, order, dropped clients, and
+pooled and per-token requests under the same queue bound, forward timeout and fault counting.
 
-The execute step here is a plain function of the token ids (vector = [first id, length, rows]),
-so each result can be checked against the batch it ran in.
+The execute step here is a plain function of the token ids (pooled: vector = [first id, length,
+rows]; per token: one row [id, position] per token), so each result can be checked against the
+batch it ran in.
 """
 
 from __future__ import annotations
@@ -9,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
+import pytest
 
 from warmgate_contract.shapes import Shape, plan_warmup
+from warmgate_server.errors import ModelFault, QueueFull
 from warmgate_server.metrics import Metrics
 from warmgate_server.runner import BatchResult
 from warmgate_server.scheduler import Scheduler
@@ -27,17 +32,24 @@ def make_scheduler(
     ran: list[tuple[Shape, int]] = []
     spans: list[tuple[int, float, float]] = []  # (worker, started, ended)
     solos: list[bool] = []  # per batch run, whether it ran solo
+    kinds: list[bool] = []  # per batch run, whether it pooled
 
     async def execute(
-        batch: list[Sequence[int]], shape: Shape, worker: int, solo: bool = False
+        batch: list[Sequence[int]], shape: Shape, worker: int, *, solo: bool, pooled: bool
     ) -> BatchResult:
         ran.append((shape, len(batch)))
         solos.append(solo)
+        kinds.append(pooled)
         started = time.monotonic()
         await asyncio.sleep(seconds)
         spans.append((worker, started, time.monotonic()))
-        vectors = np.array([[ids[0], len(ids), shape.batch_size] for ids in batch], np.float32)
-        return BatchResult(vectors, seconds, first_time=False)
+        if pooled:
+            vectors = np.array([[ids[0], len(ids), shape.batch_size] for ids in batch], np.float32)
+            return BatchResult(vectors, seconds, first_time=False)
+        states = [
+            np.array([[token, position] for position, token in enumerate(ids)]) for ids in batch
+        ]
+        return BatchResult(states, seconds, first_time=False)
 
     policy = ShapePolicy.build([16, 32], 8, 1024, pad_batch, plan)
     scheduler = Scheduler(
@@ -45,11 +57,17 @@ def make_scheduler(
     )
     scheduler.spans = spans  # type: ignore[attr-defined]
     scheduler.solos = solos  # type: ignore[attr-defined]
+    scheduler.kinds = kinds  # type: ignore[attr-defined]
     return scheduler, ran
 
 
 def ids(first: int, length: int) -> list[int]:
     return [first] * length
+
+
+def vectors(embedded) -> np.ndarray:
+    """A pooled request's vectors, one row per input."""
+    return np.stack(embedded.outputs)
 
 
 async def test_requests_get_their_own_vectors_in_order_split_by_bucket() -> None:
@@ -58,8 +76,8 @@ async def test_requests_get_their_own_vectors_in_order_split_by_bucket() -> None
     try:
         inputs = [ids(1, 20), ids(2, 5), ids(3, 30), ids(4, 3), ids(5, 10)]
         result = await scheduler.submit(inputs)
-        assert result.vectors[:, 0].tolist() == [1, 2, 3, 4, 5]
-        assert result.vectors[:, 1].tolist() == [20, 5, 30, 3, 10]
+        assert vectors(result)[:, 0].tolist() == [1, 2, 3, 4, 5]
+        assert vectors(result)[:, 1].tolist() == [20, 5, 30, 3, 10]
         # The oldest input needs bucket 32; the next three (two of them short) ride in the same
         # padded 4x32 batch rather than in a 4x16 batch of their own; the last runs as 1x16.
         assert ran == [(Shape(4, 32), 4), (Shape(1, 16), 1)]
@@ -79,7 +97,7 @@ async def test_concurrent_requests_share_batches_up_to_the_largest_planned_size(
     loop_task = asyncio.create_task(scheduler.run())
     try:
         results = await asyncio.gather(*(scheduler.submit([ids(n, 8)]) for n in range(6)))
-        assert [r.vectors[0, 0] for r in results] == list(range(6))
+        assert [vectors(r)[0, 0] for r in results] == list(range(6))
         assert all(shape in {Shape(1, 16), Shape(4, 16)} for shape, _count in ran)
         assert max(count for _shape, count in ran) <= 4
         assert sum(count for _shape, count in ran) == 6
@@ -116,7 +134,7 @@ async def test_inputs_of_a_client_that_left_are_never_run() -> None:
     loop_task = asyncio.create_task(scheduler.run())
     try:
         kept = await scheduler.submit([ids(8, 4)])
-        assert kept.vectors[0, 0] == 8
+        assert vectors(kept)[0, 0] == 8
         assert ran == [(Shape(1, 16), 1)]
     finally:
         loop_task.cancel()
@@ -128,7 +146,7 @@ async def test_a_lone_request_does_not_wait_for_company() -> None:
     loop_task = asyncio.create_task(scheduler.run())
     try:
         result = await asyncio.wait_for(scheduler.submit([ids(3, 4)]), timeout=2.0)
-        assert result.vectors[0, 0] == 3 and ran == [(Shape(1, 16), 1)]
+        assert vectors(result)[0, 0] == 3 and ran == [(Shape(1, 16), 1)]
     finally:
         loop_task.cancel()
 
@@ -147,7 +165,7 @@ async def test_two_workers_run_two_batches_at_once_and_one_worker_runs_them_in_t
             requests = [[ids(10 * r + i, 8) for i in range(4)] for r in range(4)]
             results = await asyncio.gather(*(scheduler.submit(inputs) for inputs in requests))
             for r, result in enumerate(results):
-                assert result.vectors[:, 0].tolist() == [10 * r + i for i in range(4)]
+                assert vectors(result)[:, 0].tolist() == [10 * r + i for i in range(4)]
             spans = scheduler.spans  # type: ignore[attr-defined]
             assert ran == [(Shape(4, 16), 4)] * 4
             assert {worker for worker, _start, _end in spans} == set(range(workers))
@@ -192,5 +210,84 @@ async def test_a_lone_small_batch_runs_solo_and_nothing_starts_beside_it() -> No
         assert solos[-1] and spans[-1][0] == 0
         assert [worker for worker, _start, _end in spans[:3]] == [0, 0, 0]
         assert scheduler.idle
+    finally:
+        loop_task.cancel()
+
+
+async def test_per_token_requests_share_the_batcher_but_never_a_batch_with_pooled_ones() -> None:
+    """/embed_all's requests queue beside pooled ones and run in planned shapes; a batch holds
+    one kind only (its forward pass pools or it does not), and each request gets its own
+    outputs back in order: a vector per input, or per input one row per token."""
+    scheduler, ran = make_scheduler(max_wait_s=0.02)
+    loop_task = asyncio.create_task(scheduler.run())
+    try:
+        pooled_first, states, pooled_second = await asyncio.gather(
+            scheduler.submit([ids(1, 8), ids(2, 8)]),
+            scheduler.submit([ids(3, 5), ids(4, 20)], pooled=False),
+            scheduler.submit([ids(5, 8)]),
+        )
+        assert vectors(pooled_first)[:, 0].tolist() == [1, 2]
+        assert vectors(pooled_second)[:, 0].tolist() == [5]
+        assert [output.shape for output in states.outputs] == [(5, 2), (20, 2)]
+        assert states.outputs[0][:, 0].tolist() == [3] * 5
+        assert states.outputs[1][:, 1].tolist() == list(range(20))
+        kinds = scheduler.kinds  # type: ignore[attr-defined]
+        inputs_by_kind: Counter[bool] = Counter()
+        for (_shape, count), pooled in zip(ran, kinds, strict=True):
+            inputs_by_kind[pooled] += count
+        assert inputs_by_kind == {True: 3, False: 2}
+        assert {shape for shape, _count in ran} <= set(scheduler.policy.planned)
+        # Per-token batches are served shapes like any other (the profile, the batch metrics).
+        assert sum(entry["count"] for entry in scheduler.profile()["shapes"]) == len(ran)
+        assert scheduler.idle
+    finally:
+        loop_task.cancel()
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+async def test_one_queue_bound_for_both_kinds(pooled: bool) -> None:
+    scheduler, ran = make_scheduler()  # holds 64 inputs; no batcher runs, so they stay queued
+    queued = asyncio.create_task(scheduler.submit([ids(1, 4)] * 60, pooled=not pooled))
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFull):
+        await scheduler.submit([ids(2, 4)] * 5, pooled=pooled)
+    assert scheduler.depth == 60 and not ran
+    queued.cancel()
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+@pytest.mark.parametrize("failure", ["raised", "hung"])
+async def test_a_failed_or_hung_batch_fails_its_requests_and_counts_a_fault(
+    pooled: bool, failure: str
+) -> None:
+    """Pooled or per-token, a forward pass that raises or runs past the forward timeout fails
+    its requests with a ModelFault, is counted, and is reported; the next batch runs."""
+    scheduler, _ran = make_scheduler()
+    scheduler.forward_timeout_s = 0.05
+    faults: list[tuple[str, bool]] = []
+    scheduler.on_fault = lambda error, hung: faults.append((error, hung))
+    working = scheduler.execute
+    calls = 0
+
+    async def failing_once(batch, shape, worker, *, solo: bool, pooled: bool) -> BatchResult:
+        nonlocal calls
+        calls += 1
+        if calls == 1 and failure == "raised":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if calls == 1:
+            await asyncio.sleep(0.3)
+        return await working(batch, shape, worker, solo=solo, pooled=pooled)
+
+    scheduler.execute = failing_once
+    loop_task = asyncio.create_task(scheduler.run())
+    try:
+        with pytest.raises(ModelFault) as raised:
+            await scheduler.submit([ids(1, 4)], pooled=pooled)
+        assert raised.value.hung is (failure == "hung")
+        assert [hung for _error, hung in faults] == [failure == "hung"]
+        exposition = scheduler.metrics.render().decode()
+        assert f'warmgate_model_faults_total{{kind="{failure}"}} 1.0' in exposition
+        served = await scheduler.submit([ids(2, 4)], pooled=pooled)
+        assert len(served.outputs) == 1 and calls == 2
     finally:
         loop_task.cancel()

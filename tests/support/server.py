@@ -1,10 +1,18 @@
-"""What the server tests share: a small warmup plan, a quick settle rule, a config builder."""
+"""What the server tests share: a small warmup plan, a quick settle rule, a config builder, and
+a ready app for fixtures that outlive one test."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+from aiohttp.test_utils import TestClient, TestServer
+
+from warmgate_server.app import create_app
 from warmgate_server.config import ServerConfig, parse_config
+from warmgate_server.loading import LoadedModel
+from warmgate_server.testing import wait_for_phase
 from warmgate_server.warmup import SettleRule
 
 # A small plan keeps warmup short on a slow CI machine while still covering two buckets and
@@ -19,6 +27,22 @@ def make_config(model_dir: Path, *args: str) -> ServerConfig:
         ["--model", str(model_dir), "--served-model-name", "all-MiniLM-L6-v2", *SMALL_PLAN, *args],
         environ={},
     )
+
+
+async def until_ready(client: TestClient) -> None:
+    report = await wait_for_phase(client, {"ready", "failed"})
+    assert report["phase"] == "ready", report
+
+
+@asynccontextmanager
+async def serving(config: ServerConfig, preloaded: LoadedModel) -> AsyncIterator[TestClient]:
+    """An app of `config` on the shared model, warmed and ready, on a test server of its own:
+    for a fixture that a whole module shares (pytest-aiohttp's aiohttp_client lives for one
+    test)."""
+    app = create_app(config, preloaded=preloaded, settle_rule=QUICK_SETTLE)
+    async with TestClient(TestServer(app)) as client:
+        await until_ready(client)
+        yield client
 
 
 def pooled(packed, batch, seq_len: int, rows: int, pooling: str):

@@ -1,0 +1,114 @@
+"""core: the model workers. Each has a thread of its own, where the forward passes of its
+batches and of the warmup run (never on the event loop); all share one runner, its weights and
+its CUDA graphs. Also how forward passes run, as /ready and /info report it (`forward`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from warmgate_contract.shapes import Shape
+
+from .config import ServerConfig
+from .errors import ModelLoadError
+from .loading import LoadedModel
+from .runner import BatchResult, ModelRunner
+
+T = TypeVar("T")
+SOLO_TOKENS = 1024
+"""The largest shape (rows x sequence length) that runs solo: single requests and small
+batches, whose latency a person waits for; bigger ones are throughput, where the workers side by
+side do as well, and settling them solo too would lengthen the warmup."""
+
+
+class Workers:
+    def __init__(
+        self,
+        config: ServerConfig,
+        loaded: LoadedModel,
+        runner: ModelRunner,
+        threads: Sequence[ThreadPoolExecutor],
+        solo_threads: int = 0,
+    ) -> None:
+        """`solo_threads`: the torch threads of a batch that runs solo, on every worker's
+        cores (0: none does; cpus.ThreadPlan.solo_threads)."""
+        self.runner = runner
+        self._threads = tuple(threads)
+        self._solo_threads = solo_threads
+        self.graphs_mode, self.graphs_reason = self._plan_graphs(config, loaded)
+        """Whether the planned shapes run as CUDA graphs ("on"/"off") and why not when off."""
+
+    @property
+    def count(self) -> int:
+        return len(self._threads)
+
+    def runs_solo(self, shape: Shape) -> bool:
+        """Small shapes run solo when they are all there is to do (the latency of a lone
+        request: about half on two cores); the warmup settles them that way too."""
+        return self._solo_threads > 0 and shape.tokens <= SOLO_TOKENS
+
+    async def run(self, function: Callable[..., T], *args: object, worker: int = 0) -> T:
+        """`function(*args)` in `worker`'s thread."""
+        executor = self._threads[worker]
+        return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
+
+    async def execute(
+        self,
+        batch: list[Sequence[int]],
+        shape: Shape,
+        worker: int,
+        *,
+        solo: bool = False,
+        pooled: bool = True,
+    ) -> BatchResult:
+        """One batch's forward pass on `worker` (scheduler.Execute)."""
+        threads = self._solo_threads if solo else None
+        runner = self.runner
+        return await self.run(runner.execute, batch, shape, worker, pooled, threads, worker=worker)
+
+    def _plan_graphs(self, config: ServerConfig, loaded: LoadedModel) -> tuple[str, str]:
+        if config.cuda_graphs == "off":
+            return "off", "--cuda-graphs off"
+        if loaded.device.type != "cuda":
+            if config.cuda_graphs == "on":
+                raise ModelLoadError(f"--cuda-graphs on: the device is {loaded.device}, not CUDA")
+            return "off", f"the device is {loaded.device}"
+        if not config.warmup:
+            return "off", "--no-warmup: graphs are captured during warmup"
+        from .graphs import GraphSet, graph_forward
+
+        self.runner.graphs = GraphSet(
+            graph_forward(loaded, self.runner.head),
+            loaded.device,
+            loaded.pad_token_id,
+            loaded.cls_token_id,
+        )
+        return "on", ""
+
+    def drop_graphs(self, reason: str) -> None:
+        """Serve every shape eagerly from now on (a capture failed with --cuda-graphs auto)."""
+        if self.runner.graphs is not None:
+            self.runner.graphs.clear()
+        self.runner.graphs = None
+        self.graphs_mode, self.graphs_reason = "off", reason
+
+    def forward_report(self) -> dict[str, object]:
+        """How forward passes run: warmgate's own pass (packed) or the model's (padded), the
+        attention it uses, and the CUDA graphs (on or off, why off, and what they hold)."""
+        packed = self.runner.packed
+        if packed is None:
+            attention = "the model's own"
+        elif packed.varlen is not None:
+            attention = "variable-length (flash)"
+        else:
+            attention = "padded keys"
+        graphs: dict[str, object] = {"mode": self.graphs_mode, "reason": self.graphs_reason}
+        if self.runner.graphs is not None:
+            graphs.update(self.runner.graphs.stats.as_json())
+        return {
+            "pass": "packed" if packed is not None else "padded",
+            "attention": attention,
+            "cuda_graphs": graphs,
+        }
