@@ -4,6 +4,7 @@ sending 20 requests a second through the Service's node port the whole time."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -200,7 +201,10 @@ def test_a_restarted_server_is_verified_again(kube, operator, devcluster):
         current = kube.get("pod", pod["metadata"]["name"])
         warmed = pod_condition(current, "warmgate.dev/warmed")
         restarts = current["status"]["containerStatuses"][0]["restartCount"]
-        if restarts >= 1 and warmed.get("status") == "True" and "(restarts=1)" in warmed["message"]:
+        # The gate's record of what it verified: this pod, at its first restart.
+        state = json.loads(current["metadata"]["annotations"]["warmgate.dev/gate-state"])
+        verified_restart = state["uid"] == pod["metadata"]["uid"] and state["restarts"] == 1
+        if restarts >= 1 and warmed.get("status") == "True" and verified_restart:
             return warmed
         return None
 
