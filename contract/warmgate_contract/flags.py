@@ -25,6 +25,7 @@ POOLINGS = ("mean", "cls", "last", "max", "mean_sqrt_len_tokens", "weightedmean"
 PACKINGS = ("auto", "on", "off")
 CUDA_GRAPHS = ("auto", "on", "off")
 TOKEN_ID_KINDS = ("model", "cl100k_base")
+MEMORY_POLICIES = ("refuse", "fit")
 
 
 def parse_bool(text: str) -> bool:
@@ -164,6 +165,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--warmup-profile", "warmup_profile", str, None, "JSON file of observed shapes to warm"),
     Flag("--pad-batch", "pad_batch", parse_bool, True, "pad batches to a planned batch size"),
     Flag("--warmup", "warmup", parse_bool, True, "warm every planned shape before /ready"),
+    Flag(
+        "--memory-policy",
+        "memory_policy",
+        str,
+        "refuse",
+        "a planned shape whose predicted peak memory passes the limit (the container's, or the "
+        "GPU's, less a tenth): refuse (the warmup fails, naming it) or fit (the plan is cut "
+        "there)",
+    ),
     Flag("--drain-seconds", "drain_seconds", float, 15.0, "drain time after SIGTERM"),
     Flag(
         "--request-timeout",

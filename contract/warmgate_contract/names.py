@@ -45,6 +45,9 @@ GATE_STATE_ANNOTATION = "warmgate.dev/gate-state"
 
 # Reasons of the warmed condition (CamelCase, as Kubernetes API conventions ask).
 REASON_VERIFIED = "WarmupVerified"
+REASON_MEMORY_EXCEEDED = "WarmupMemoryExceeded"
+"""Also the /ready report's `failure_reason` when the warmup stopped because a planned shape
+would not fit in memory."""
 REASON_NOT_READY = "ReportNotReady"
 REASON_MODEL_MISMATCH = "ModelMismatch"
 REASON_REVISION_MISMATCH = "RevisionMismatch"

@@ -32,6 +32,134 @@ class WarmedShape:
 
 
 @dataclass(frozen=True)
+class ShapeMemory:
+    shape: Shape
+    peak_bytes: int
+    """The peak while it warmed (on every worker at once)."""
+    predicted_bytes: int | None = None
+    """The peak predicted before it ran, from the shapes warmed before it (None for the first
+    shapes, which nothing before predicts)."""
+
+
+@dataclass(frozen=True)
+class PlanCut:
+    """With the fit policy, what was left out of the plan to stay within the budget."""
+
+    max_batch_tokens: int
+    """The batcher's token budget now: the largest warmed shape's tokens."""
+    shapes: tuple[Shape, ...]
+    """The planned shapes left out (every one at or above the first that did not fit)."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """What the server measured of its memory while it warmed (the `memory` part of /ready)."""
+
+    device: str
+    measure: str
+    """What the byte counts are: the process's resident memory on a CPU, the CUDA caching
+    allocator's reserved memory on a GPU."""
+    limit_bytes: int | None
+    """What the process may use: the container's cgroup limit, or the GPU's memory; None when
+    nothing limits it (then nothing is refused or cut)."""
+    limit_source: str
+    policy: str
+    loaded_bytes: int
+    """After the model loaded, before the first shape warmed."""
+    peak_bytes: int
+    """The highest the warmup reached."""
+    shapes: tuple[ShapeMemory, ...] = ()
+    cut: PlanCut | None = None
+    container_usage_bytes: int | None = None
+    """The cgroup's own count (page cache included) at the end of warmup, on a CPU."""
+    container_peak_bytes: int | None = None
+    device_details: Mapping[str, int] | None = None
+    """On a GPU: the allocator's allocated peak, the device's free and total memory, at the
+    end of warmup."""
+
+    @property
+    def budget_bytes(self) -> int | None:
+        """The limit less the safety margin: no planned shape may be predicted above it."""
+        return None if self.limit_bytes is None else int(self.limit_bytes * (1 - MEMORY_MARGIN))
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        return None if self.limit_bytes is None else self.limit_bytes - self.peak_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "measure": self.measure,
+            "limit_bytes": self.limit_bytes,
+            "limit_source": self.limit_source,
+            "budget_bytes": self.budget_bytes,
+            "policy": self.policy,
+            "loaded_bytes": self.loaded_bytes,
+            "peak_bytes": self.peak_bytes,
+            "headroom_bytes": self.headroom_bytes,
+            "container_usage_bytes": self.container_usage_bytes,
+            "container_peak_bytes": self.container_peak_bytes,
+            "device_details": None if self.device_details is None else dict(self.device_details),
+            "shapes": [
+                {
+                    **item.shape.as_json(),
+                    "peak_bytes": item.peak_bytes,
+                    "predicted_bytes": item.predicted_bytes,
+                }
+                for item in self.shapes
+            ],
+            "cut": None
+            if self.cut is None
+            else {
+                "max_batch_tokens": self.cut.max_batch_tokens,
+                "shapes": [shape.as_json() for shape in self.cut.shapes],
+                "reason": self.cut.reason,
+            },
+        }
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> MemoryReport:
+        cut = document.get("cut")
+        return cls(
+            device=str(document["device"]),
+            measure=str(document.get("measure") or ""),
+            limit_bytes=_optional_int(document.get("limit_bytes")),
+            limit_source=str(document.get("limit_source") or ""),
+            policy=str(document.get("policy") or ""),
+            loaded_bytes=int(document["loaded_bytes"]),
+            peak_bytes=int(document["peak_bytes"]),
+            shapes=tuple(
+                ShapeMemory(
+                    Shape.from_json(item),
+                    int(item["peak_bytes"]),
+                    _optional_int(item.get("predicted_bytes")),
+                )
+                for item in document.get("shapes") or []
+            ),
+            cut=None
+            if cut is None
+            else PlanCut(
+                int(cut["max_batch_tokens"]),
+                tuple(Shape.from_json(item) for item in cut.get("shapes") or []),
+                str(cut.get("reason") or ""),
+            ),
+            container_usage_bytes=_optional_int(document.get("container_usage_bytes")),
+            container_peak_bytes=_optional_int(document.get("container_peak_bytes")),
+            device_details=document.get("device_details"),
+        )
+
+
+MEMORY_MARGIN = 0.10
+"""The share of the limit no planned shape is predicted to use: the allocator's and the
+kernel's slack, and the error of the prediction."""
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+@dataclass(frozen=True)
 class ReadyReport:
     """`GET /ready`'s body: the same keys in every phase."""
 
@@ -61,6 +189,11 @@ class ReadyReport:
     """`sha256:<hex>` over the weight files loaded; None until the files are located."""
     download: Mapping[str, int] | None = None
     """{"done_bytes", "total_bytes"} while (and after) downloading; None when nothing was."""
+    memory: MemoryReport | None = None
+    """What the warmup measured of memory; None until the model is loaded."""
+    failure_reason: str | None = None
+    """With phase failed, a CamelCase reason when the cause is one the operator tells apart
+    (names.REASON_MEMORY_EXCEEDED); None for other failures."""
 
     @property
     def loaded_identity(self) -> tuple[str | None, str] | None:
@@ -110,6 +243,8 @@ class ReadyReport:
             "pid": self.pid,
             "model_settings": None if self.model_settings is None else dict(self.model_settings),
             "forward": None if self.forward is None else dict(self.forward),
+            "memory": None if self.memory is None else self.memory.to_json(),
+            "failure_reason": self.failure_reason,
         }
 
     @classmethod
@@ -151,6 +286,10 @@ class ReadyReport:
                 commit=model.get("commit"),
                 weights_digest=model.get("weights_digest"),
                 download=document.get("download"),
+                memory=None
+                if document.get("memory") is None
+                else MemoryReport.from_json(document["memory"]),
+                failure_reason=document.get("failure_reason"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ReportError(f"the /ready report lacks or mangles {error}") from None

@@ -22,12 +22,14 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 V1_CPU = CGROUP_MOUNT / "cpu"
+V1_MEMORY = CGROUP_MOUNT / "memory"
 MIN_SHARES = 2  # kubelet's MinShares
 
 
@@ -64,6 +66,31 @@ def control_plane_group(name: str, shares: int, mount: Path = V1_CPU) -> Path | 
         log.info("no cgroup of its own (cannot create %s: %s)", path, exc)
         return None
     return path
+
+
+@contextlib.contextmanager
+def memory_limited(name: str, limit_bytes: int, mount: Path = V1_MEMORY) -> Iterator[Path]:
+    """A fresh memory cgroup `name` limited to `limit_bytes` (swap included, where the kernel
+    accounts it), removed on exit: processes launched in it (`launch_in`) are killed by the
+    kernel past the limit, as in a container with that memory limit."""
+    path = mount / name
+    remove_group(path, mount)
+    path.mkdir()
+    try:
+        (path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        with contextlib.suppress(OSError):  # absent without swap accounting
+            (path / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
+        yield path
+    finally:
+        remove_group(path, mount)
+
+
+def oom_kills(group: Path) -> int:
+    """How many processes the kernel killed in `group` for going past its memory limit."""
+    for line in (group / "memory.oom_control").read_text().splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return 0
 
 
 def create_root(name: str) -> None:

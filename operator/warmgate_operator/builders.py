@@ -50,7 +50,12 @@ MODELS_DIR = "/var/lib/warmgate/models"
 HF_CACHE_DIR = f"{CACHE_DIR}/huggingface"
 HF_CLAIM_DIR = "/var/lib/warmgate/huggingface"
 
-DEFAULT_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
+DEFAULT_REQUESTS = {"cpu": "500m", "memory": "1536Mi"}
+DEFAULT_MEMORY_LIMIT = "1536Mi"
+"""Sized from measurement (docs/benchmarks.md, "Memory"): MiniLM with the default plan (1, 8,
+32 x 32 to 256 tokens, two workers) peaks at 1.29 GB resident with the CUDA build of torch; a
+limit of 1.5 GiB leaves it 20%. Past the limit a plan is refused or fitted by the server
+(warmup.memoryPolicy), not killed; bigger models need more, and their pods say how much."""
 # The server container's imagePullPolicy when neither the spec nor the operator's
 # --server-image-pull-policy says otherwise.
 DEFAULT_PULL_POLICY = "IfNotPresent"
@@ -225,6 +230,8 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
             "warmup_profile": PROFILE_PATH,
             "pad_batch": batching.pad_batch,
             "warmup": warmup.enabled,
+            # refuse is the server's default: left out, so existing pod templates do not change.
+            "memory_policy": None if warmup.memory_policy == "refuse" else warmup.memory_policy,
             "drain_seconds": spec.rollout.drain_seconds,
             "request_timeout": batching.request_timeout_seconds,
             "body_timeout": batching.body_timeout_seconds,
@@ -237,12 +244,17 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
 
 def resources(spec: EmbeddingServiceSpec) -> dict[str, dict[str, str]]:
     """The user's resources, with CPU/memory requests filled in (the HPA's CPU target needs a
-    CPU request) and one GPU when the device is cuda and no GPU count was given."""
+    CPU request), a memory limit when none was given (so a pod's warmup is measured against
+    one, and a plan too big is refused or fitted rather than running the node out of memory),
+    and one GPU when the device is cuda and no GPU count was given."""
     limits = dict(spec.resources.get("limits", {}))
     requests = dict(spec.resources.get("requests", {}))
+    memory_given = "memory" in requests or "memory" in limits
     for key, value in DEFAULT_REQUESTS.items():
         if key not in requests and key not in limits:
             requests[key] = value
+    if not memory_given:
+        limits["memory"] = DEFAULT_MEMORY_LIMIT
     if spec.runtime.device == "cuda" and "nvidia.com/gpu" not in limits:
         limits["nvidia.com/gpu"] = "1"
     out: dict[str, dict[str, str]] = {"requests": requests}
@@ -358,7 +370,7 @@ def build_pod_template(
         "readinessProbe": _probe("/ready", period, 2),
         # Holds liveness off until warm, and bounds a warmup that never ends.
         "startupProbe": _probe(
-            "/ready", period, spec.probes.startup_failure_threshold(startup_budget_seconds)
+            "/started", period, spec.probes.startup_failure_threshold(startup_budget_seconds)
         ),
         "lifecycle": {
             # Lets endpoint removal reach every proxy before the server starts draining.

@@ -18,6 +18,7 @@ from warmgate_contract.names import (
     REASON_BAD_REPORT,
     REASON_FAILED,
     REASON_LOADED,
+    REASON_MEMORY_EXCEEDED,
     REASON_MODEL_MISMATCH,
     REASON_NOT_READY,
     REASON_REVISION_MISMATCH,
@@ -46,6 +47,8 @@ class Expectation:
     revision: str
     required_shapes: frozenset[Shape]
     port: int
+    memory_policy: str = "refuse"
+    """fit: the server may cut its plan to what fits in memory (the report says what it cut)."""
 
 
 Identity = tuple[str | None, str]
@@ -60,14 +63,19 @@ class GateState:
     uid: str
     restarts: int
     identity: Identity | None = None
+    memory: tuple[int, int | None] | None = None
+    """(peak, limit) bytes its warmup measured."""
 
     def to_json(self) -> str:
         commit, digest = self.identity or (None, None)
+        peak, limit = self.memory or (None, None)
         document = {
             "uid": self.uid,
             "restarts": self.restarts,
             "commit": commit,
             "weightsDigest": digest,
+            "memoryPeakBytes": peak,
+            "memoryLimitBytes": limit,
         }
         return json.dumps(document, sort_keys=True, separators=(",", ":"))
 
@@ -83,7 +91,9 @@ class GateState:
                 return None
             digest = document.get("weightsDigest")
             identity = (document.get("commit"), str(digest)) if digest else None
-            return cls(str(document["uid"]), int(document["restarts"]), identity)
+            peak, limit = document.get("memoryPeakBytes"), document.get("memoryLimitBytes")
+            memory = (int(peak), None if limit is None else int(limit)) if peak else None
+            return cls(str(document["uid"]), int(document["restarts"]), identity, memory)
         except (ValueError, TypeError, KeyError):
             return None
 
@@ -111,6 +121,8 @@ class Verdict:
     details: Mapping[str, Any] = field(default_factory=dict)
     identity: Identity | None = None
     """What the server loaded, when its report says."""
+    memory: tuple[int, int | None] | None = None
+    """(peak, limit) bytes the server's warmup measured, when its report says."""
 
 
 def _container(pod: Mapping[str, Any], name: str = SERVER_CONTAINER) -> Mapping[str, Any] | None:
@@ -167,6 +179,7 @@ def expectation_for(pod: Mapping[str, Any], default_port: int = SERVER_PORT) -> 
         revision=settings["model_revision"],
         required_shapes=frozenset(plan.shapes),
         port=port,
+        memory_policy=settings["memory_policy"],
     )
 
 
@@ -184,9 +197,10 @@ def evaluate_report(document: Any, expected: Expectation) -> Verdict:
     except ReportError as error:
         return Verdict(False, REASON_BAD_REPORT, str(error))
     if report.phase == FAILED:
+        memory = report.failure_reason == REASON_MEMORY_EXCEEDED
         return Verdict(
             False,
-            REASON_FAILED,
+            REASON_MEMORY_EXCEEDED if memory else REASON_FAILED,
             f"the server's warmup failed: {report.error or 'no reason given'}",
             retryable=False,
         )
@@ -212,7 +226,13 @@ def evaluate_report(document: Any, expected: Expectation) -> Verdict:
             f"the pod asks for {expected.revision!r}",
             retryable=False,
         )
-    missing = (expected.required_shapes | set(report.planned)) - report.warmed_shapes
+    required = expected.required_shapes | set(report.planned)
+    cut = report.memory.cut if report.memory is not None else None
+    if cut is not None and expected.memory_policy == "fit":
+        # The pod allows it: what did not fit in its memory was left out, and its batcher
+        # forms only the shapes it warmed.
+        required -= set(cut.shapes)
+    missing = required - report.warmed_shapes
     if missing:
         return Verdict(
             False,
@@ -223,15 +243,24 @@ def evaluate_report(document: Any, expected: Expectation) -> Verdict:
     probe_shape = min(steady) if steady else None
     identity = report.loaded_identity
     loaded = f"; loaded {describe_identity(identity)}" if identity else ""
+    fitted = (
+        f"; {len(cut.shapes)} shapes cut to fit in memory (up to {cut.max_batch_tokens} "
+        "tokens a batch)"
+        if cut is not None and expected.memory_policy == "fit"
+        else ""
+    )
     return Verdict(
         True,
         REASON_VERIFIED,
         f"{len(steady)} shapes warm in {report.warmup_seconds or 0.0:.1f}s; model "
-        f"{expected.model_id} revision {expected.revision}{loaded}",
+        f"{expected.model_id} revision {expected.revision}{loaded}{fitted}",
         warmup_seconds=report.warmup_seconds,
         probe_shape=probe_shape,
         steady_ms=steady.get(probe_shape) if probe_shape else None,
         identity=identity,
+        memory=None
+        if report.memory is None
+        else (report.memory.peak_bytes, report.memory.limit_bytes),
     )
 
 
@@ -268,6 +297,16 @@ def check_same_files(verdict: Verdict, reference: Identity | None, holder: str) 
         retryable=False,
         identity=verdict.identity,
     )
+
+
+def measured_memory(pod: Mapping[str, Any]) -> tuple[int, int | None] | None:
+    """(peak, limit) bytes a verified pod's warmup measured, as the gate recorded it for the
+    pod's current process."""
+    verified = condition(pod)
+    if not (verified and verified.get("status") == "True"):
+        return None
+    state = GateState.of(pod)
+    return state.memory if state is not None and state.speaks_for(pod) else None
 
 
 def loaded_identity(pod: Mapping[str, Any]) -> Identity | None:
@@ -406,7 +445,7 @@ def desired_condition(
 def desired_state(pod: Mapping[str, Any], verdict: Verdict) -> GateState:
     """The state to record beside a verdict: this pod and process, and what its server loaded."""
     uid = str((pod.get("metadata") or {}).get("uid"))
-    return GateState(uid, restart_count(pod), verdict.identity)
+    return GateState(uid, restart_count(pod), verdict.identity, verdict.memory)
 
 
 def needs_write(

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from warmgate_contract import names
@@ -230,7 +230,7 @@ class Gatekeeper:
             except ERRORS:
                 return backoff, None
             verdict = gate.evaluate_report(report, expected)
-            if verdict.reason != names.REASON_FAILED:
+            if verdict.reason not in (names.REASON_FAILED, names.REASON_MEMORY_EXCEEDED):
                 return backoff, None
             await self._write(pod, verdict, existing)
             return backoff, PodWarning(verdict.reason, f"{_name(pod)}: {verdict.message}")
@@ -311,12 +311,10 @@ class Gatekeeper:
         if gate.verification_passes(
             measured, steady, self._config.verify_factor, self._config.verify_slack_ms
         ):
-            return gate.Verdict(
-                True,
-                verdict.reason,
-                f"{verdict.message}; verification {measured:.1f} ms vs steady {steady:.1f} ms",
-                warmup_seconds=verdict.warmup_seconds,
-                identity=verdict.identity,
+            return replace(
+                verdict,
+                message=f"{verdict.message}; verification {measured:.1f} ms vs steady "
+                f"{steady:.1f} ms",
             )
         return gate.Verdict(
             False,

@@ -23,6 +23,7 @@ POOLINGS = flags.POOLINGS
 TOKEN_ID_KINDS = flags.TOKEN_ID_KINDS
 PACKINGS = flags.PACKINGS
 CUDA_GRAPHS = flags.CUDA_GRAPHS
+MEMORY_POLICIES = flags.MEMORY_POLICIES
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 PULL_POLICIES = ("IfNotPresent", "Always", "Never")
 # The server pods' own volumes (builders.py): spec.volumes may not reuse these names.
@@ -138,6 +139,7 @@ class WarmupSpec:
     enabled: bool = True
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     sequence_buckets: tuple[int, ...] = (32, 64, 128, 256)
+    memory_policy: str = "refuse"
     observed_traffic: ObservedTrafficSpec = field(default_factory=ObservedTrafficSpec)
 
 
@@ -416,6 +418,7 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         enabled=bool(_get(w, "enabled", dw.enabled)),
         batch_sizes=_ints(w, "batchSizes", dw.batch_sizes, "spec.warmup"),
         sequence_buckets=_ints(w, "sequenceBuckets", dw.sequence_buckets, "spec.warmup"),
+        memory_policy=str(_get(w, "memoryPolicy", dw.memory_policy)),
         observed_traffic=ObservedTrafficSpec(
             enabled=bool(_get(o, "enabled", do.enabled)),
             max_shapes=_int(o, "maxShapes", do.max_shapes, "spec.warmup.observedTraffic"),
@@ -530,6 +533,7 @@ def _check(spec: EmbeddingServiceSpec) -> None:
         ("spec.runtime.dtype", spec.runtime.dtype, DTYPES),
         ("spec.runtime.packing", spec.runtime.packing, PACKINGS),
         ("spec.runtime.cudaGraphs", spec.runtime.cuda_graphs, CUDA_GRAPHS),
+        ("spec.warmup.memoryPolicy", spec.warmup.memory_policy, MEMORY_POLICIES),
         ("spec.model.pooling", spec.model.pooling, POOLINGS),
         ("spec.model.openaiTokenIds", spec.model.openai_token_ids, TOKEN_ID_KINDS),
         ("spec.service.type", spec.service.type, SERVICE_TYPES),

@@ -16,6 +16,7 @@ from warmgate_contract.names import (
     MODEL_ID_ANNOTATION,
     MODEL_REVISION_ANNOTATION,
     REASON_FAILED,
+    REASON_MEMORY_EXCEEDED,
     REASON_MODEL_MISMATCH,
     REASON_REVISION_MISMATCH,
     SERVER_CONTAINER,
@@ -23,7 +24,7 @@ from warmgate_contract.names import (
 )
 
 from .builders import selector_string
-from .gate import loaded_identity
+from .gate import loaded_identity, measured_memory
 from .objects import condition, parse_time
 from .spec import EmbeddingServiceSpec
 
@@ -41,7 +42,11 @@ FAILING_WAIT_REASONS = frozenset(
     }
 )
 # Warm-gate verdicts that retrying will not change: the pod is failing, not warming.
-PERMANENT_GATE_REASONS = frozenset({REASON_FAILED, REASON_MODEL_MISMATCH, REASON_REVISION_MISMATCH})
+PERMANENT_GATE_REASONS = frozenset(
+    {REASON_FAILED, REASON_MEMORY_EXCEEDED, REASON_MODEL_MISMATCH, REASON_REVISION_MISMATCH}
+)
+LOW_HEADROOM = 0.10
+"""Below this share of the limit left over the warmup's measured peak, MemoryPressure is True."""
 # Fields other writers own (the observed-traffic timer); the reducer carries them over.
 CARRIED_FIELDS = ("observedShapes", "warmupSeconds")
 
@@ -112,24 +117,82 @@ def _live(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [p for p in pods if not _get(p, "metadata", "deletionTimestamp")]
 
 
-def _failing_pod(pods: Sequence[Mapping[str, Any]]) -> str | None:
+@dataclass(frozen=True)
+class Failing:
+    """A pod that will not get better on its own: why (a gate verdict's reason, or a waiting
+    container's), and what a person reads."""
+
+    reason: str
+    message: str
+
+    @property
+    def status_reason(self) -> str:
+        """The EmbeddingService's reason for it: a plan too big for memory says so, the rest
+        is PodsFailing."""
+        return self.reason if self.reason == REASON_MEMORY_EXCEEDED else "PodsFailing"
+
+
+def _failing_pod(pods: Sequence[Mapping[str, Any]]) -> Failing | None:
     for pod in pods:
+        name = _get(pod, "metadata", "name", default="?")
         gate = condition(pod, WARMED_CONDITION)
         if (
             gate is not None
             and gate.get("status") == "False"
             and gate.get("reason") in PERMANENT_GATE_REASONS
         ):
-            name = _get(pod, "metadata", "name", default="?")
-            return f"pod {name}: {gate['reason']}: {gate.get('message') or ''}".strip()
+            message = f"pod {name}: {gate['reason']}: {gate.get('message') or ''}".strip()
+            return Failing(gate["reason"], message)
         for cs in _get(pod, "status", "containerStatuses", default=[]):
             waiting = _get(cs, "state", "waiting")
             if waiting and waiting.get("reason") in FAILING_WAIT_REASONS:
                 detail = waiting.get("message") or ""
-                name = _get(pod, "metadata", "name", default="?")
                 reason = waiting["reason"]
-                return f"pod {name}: container {cs.get('name')} {reason} {detail}".strip()
+                message = f"pod {name}: container {cs.get('name')} {reason} {detail}".strip()
+                return Failing(reason, message)
     return None
+
+
+def serving_memory(pods: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """status.memory: of the verified pods, the one whose warmup peaked highest, its limit and
+    the headroom between them (what `resources.limits.memory` is sized from)."""
+    measured = [m for m in map(measured_memory, pods) if m is not None]
+    if not measured:
+        return None
+    peak, limit = max(measured, key=lambda item: item[0])
+    memory: dict[str, Any] = {"peakBytes": peak}
+    if limit is not None:
+        memory.update(
+            limitBytes=limit,
+            headroomBytes=limit - peak,
+            headroomPercent=round(100.0 * (limit - peak) / limit, 1),
+        )
+    return memory
+
+
+def memory_pressure_condition(memory: Mapping[str, Any] | None) -> Condition:
+    """MemoryPressure: True when the serving pods' warmup left less than 10% of their memory
+    limit free (a bigger request or a new shape could be killed)."""
+    if memory is None or "limitBytes" not in memory:
+        return Condition(
+            "MemoryPressure",
+            "Unknown",
+            "NotMeasured",
+            "no verified pod has measured its peak against a memory limit",
+        )
+    peak, limit = memory["peakBytes"], memory["limitBytes"]
+    numbers = (
+        f"the warmup's peak is {peak / 2**20:.0f} MiB of a {limit / 2**20:.0f} MiB limit "
+        f"({memory['headroomPercent']}% left)"
+    )
+    if limit - peak < LOW_HEADROOM * limit:
+        return Condition(
+            "MemoryPressure",
+            "True",
+            "LowHeadroom",
+            f"{numbers}: raise resources.limits.memory, or lower batching.maxBatchTokens",
+        )
+    return Condition("MemoryPressure", "False", "EnoughHeadroom", numbers)
 
 
 def _serving_model(pods: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
@@ -175,7 +238,7 @@ class Facts:
     deadline_exceeded: bool
     deadline_message: str
     replica_failure: str | None
-    failing: str | None
+    failing: Failing | None
     problem: Problem | None
 
     @property
@@ -229,7 +292,7 @@ class Facts:
         )
 
 
-def degradedcondition(facts: Facts) -> Condition:
+def degraded_condition(facts: Facts) -> Condition:
     """Degraded: something a person should act on."""
     if facts.problem is not None:
         return Condition("Degraded", "True", facts.problem.reason, facts.problem.message)
@@ -238,11 +301,11 @@ def degradedcondition(facts: Facts) -> Condition:
     if facts.replica_failure is not None:
         return Condition("Degraded", "True", "ReplicaFailure", facts.replica_failure)
     if facts.failing is not None:
-        return Condition("Degraded", "True", "PodsFailing", facts.failing)
+        return Condition("Degraded", "True", facts.failing.status_reason, facts.failing.message)
     return Condition("Degraded", "False", "AsExpected", "")
 
 
-def conflictcondition(facts: Facts) -> Condition:
+def conflict_condition(facts: Facts) -> Condition:
     """Conflict: an object of a child's name exists that this EmbeddingService does not own
     (another owner's, or nobody's); warmgate never takes it over."""
     if facts.problem is not None and facts.problem.reason == CONFLICT_REASON:
@@ -250,7 +313,7 @@ def conflictcondition(facts: Facts) -> Condition:
     return Condition("Conflict", "False", "NoConflict", "")
 
 
-def progressingcondition(facts: Facts) -> Condition:
+def progressing_condition(facts: Facts) -> Condition:
     """Progressing: is the Deployment moving towards the spec?"""
     f = facts
     if not f.deployment_exists:
@@ -277,7 +340,7 @@ def progressingcondition(facts: Facts) -> Condition:
     )
 
 
-def warmedcondition(facts: Facts) -> Condition:
+def warmed_condition(facts: Facts) -> Condition:
     """Warmed: have the pods' warmups been verified by the gate?"""
     f = facts
     if not f.gate_on:
@@ -291,7 +354,7 @@ def warmedcondition(facts: Facts) -> Condition:
     return Condition("Warmed", "False", "WaitingForWarmup", f"{f.warmed}/{f.desired} pods warmed")
 
 
-def readycondition(facts: Facts) -> Condition:
+def ready_condition(facts: Facts) -> Condition:
     """Ready: the current spec is fully served."""
     f = facts
     if f.problem is not None and f.problem.blocking:
@@ -304,10 +367,10 @@ def readycondition(facts: Facts) -> Condition:
         return Condition("Ready", "True", "AllReplicasReady", f"{f.ready}/{f.desired} pods ready")
     if f.deadline_exceeded:
         return Condition(
-            "Ready", "False", "ProgressDeadlineExceeded", progressingcondition(f).message
+            "Ready", "False", "ProgressDeadlineExceeded", progressing_condition(f).message
         )
     if f.failing is not None:
-        return Condition("Ready", "False", "PodsFailing", f.failing)
+        return Condition("Ready", "False", f.failing.status_reason, f.failing.message)
     if f.gate_on and f.warmed < f.desired and f.live_pods > 0:
         return Condition(
             "Ready",
@@ -346,12 +409,16 @@ def evaluate(
     model = _serving_model(live)
     if model is not None:
         counts["model"] = model
+    memory = serving_memory(live)
+    if memory is not None:
+        counts["memory"] = memory
     conditions = [
-        readycondition(facts),
-        progressingcondition(facts),
-        warmedcondition(facts),
-        degradedcondition(facts),
-        conflictcondition(facts),
+        ready_condition(facts),
+        progressing_condition(facts),
+        warmed_condition(facts),
+        degraded_condition(facts),
+        conflict_condition(facts),
+        memory_pressure_condition(memory),
     ]
     return counts, conditions
 

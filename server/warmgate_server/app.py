@@ -10,6 +10,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -22,13 +23,14 @@ from .config import ServerConfig
 from .context import RUNTIME, WARMUP_HEADER, Runtime
 from .cpus import plan_threads
 from .engine import Engine
-from .errors import ModelLoadError
+from .errors import MemoryExceeded, ModelLoadError
 from .lifecycle import Lifecycle
 from .loading import LoadedModel, load_model
+from .memory import RUNTIME_FILE, Limit, ProcessProbe, loading_need
 from .metrics import Metrics
 from .routes import add_routes, count_requests
 from .schemas import EmbedRequest, dumps, openai_response
-from .source import ModelSource, locate, needs_download
+from .source import ModelSource, locate, needs_download, weights_bytes
 from .warmup import SettleRule
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,7 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
             )
             if lifecycle.phase == DOWNLOADING:
                 lifecycle.enter(LOADING)
+            check_loading_fits(ProcessProbe().limit(), weights_bytes(source.folder))
             loaded = await loop.run_in_executor(
                 runtime.model_threads[0], load_model, config, source
             )
@@ -205,7 +208,7 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
         raise
     except ModelLoadError as exc:
         log.error("cannot start: %s", exc)
-        lifecycle.fail(str(exc))
+        lifecycle.fail(str(exc), exc.reason, exc.restartable)
     except Exception as exc:
         log.exception("startup failed")
         lifecycle.fail(f"{type(exc).__name__}: {exc}")
@@ -247,6 +250,21 @@ def _locate(config: ServerConfig, lifecycle: Lifecycle, loop) -> ModelSource:
     loop.call_soon_threadsafe(begin)
     log.info("downloading %s at %s", config.model, config.model_revision)
     return locate(config.model, config.model_revision, progress)
+
+
+def check_loading_fits(limit: Limit, weights: int, runtime_file: Path = RUNTIME_FILE) -> None:
+    """MemoryExceeded when the container's limit is below what loading takes (the image's
+    measured runtime and the weights): said at once, before torch is imported, where it
+    would otherwise be killed, restarted and killed again."""
+    need = loading_need(weights, runtime_file)
+    if need is None or limit.bytes is None or need[0] <= limit.bytes:
+        return
+    size, how = need
+    raise MemoryExceeded(
+        f"loading needs about {size / 2**30:.2f} GiB ({how}), above the limit of "
+        f"{limit.bytes / 2**30:.2f} GiB ({limit.source}). To change it: raise "
+        f"resources.limits.memory (to at least {size / 2**30 * 1.5:.2f} GiB, to warm a plan too)"
+    )
 
 
 async def _warm_serving_path(engine: Engine) -> None:

@@ -21,6 +21,7 @@ from warmgate_contract.flags import (
     DEVICES,
     DTYPES,
     FLAGS,
+    MEMORY_POLICIES,
     PACKINGS,
     POOLINGS,
     TOKEN_ID_KINDS,
@@ -86,6 +87,10 @@ class ServerConfig:
     pad_batch: bool = DEFAULTS["pad_batch"]
     """Pad each batch to the smallest planned batch size that holds it, so every shape is warm."""
     warmup: bool = DEFAULTS["warmup"]
+    memory_policy: str = DEFAULTS["memory_policy"]
+    """A planned shape whose predicted memory peak is past the budget (the container's limit,
+    or the GPU's memory, less 10%): refuse fails the warmup there, naming it; fit cuts the plan
+    there and lowers the batcher's token budget and largest batch to the warmed shapes."""
     drain_seconds: float = DEFAULTS["drain_seconds"]
     """After SIGTERM: how long to finish in-flight and queued requests before exiting."""
     request_timeout: float = DEFAULTS["request_timeout"]
@@ -204,6 +209,10 @@ def validate(config: ServerConfig) -> None:
         problems.append(f"--dtype {config.dtype!r}: use one of {', '.join(DTYPES)}")
     if config.pooling is not None and config.pooling not in POOLINGS:
         problems.append(f"--pooling {config.pooling!r}: use one of {', '.join(POOLINGS)}")
+    if config.memory_policy not in MEMORY_POLICIES:
+        problems.append(
+            f"--memory-policy {config.memory_policy!r}: use one of {', '.join(MEMORY_POLICIES)}"
+        )
     if config.packing not in PACKINGS:
         problems.append(f"--packing {config.packing!r}: use one of {', '.join(PACKINGS)}")
     if config.default_prompt_name is not None and config.default_prompt is not None:

@@ -23,6 +23,7 @@ from .config import ServerConfig
 from .faults import FaultInjector
 from .lifecycle import Lifecycle
 from .loading import LoadedModel
+from .memory import probe_for
 from .metrics import Metrics
 from .openai_ids import OpenAITokenIds
 from .pre import Preprocessor
@@ -79,6 +80,7 @@ class Engine:
         )
         runner.faults = faults
         self.workers = Workers(config, loaded, runner, model_threads, solo_threads)
+        self.memory = probe_for(loaded.device)
         openai_ids = OpenAITokenIds.load(config.openai_token_ids)
         self.pre = Preprocessor(runner, openai_ids, tokenizer_pool, metrics)
         self.limits = request_limits(
@@ -149,7 +151,26 @@ class Engine:
 
     async def warm(self, lifecycle: Lifecycle, rule: SettleRule | None = None) -> None:
         """Run every planned shape through the serving path until its latency settles, on
-        every model worker (warming.py)."""
-        required = self.config.cuda_graphs == "on"
-        warmup = Warmup(self.workers, self.plan, self.metrics, graphs_required=required)
+        every model worker, smallest first, within the memory budget (warming.py). When the
+        fit policy cut the plan, the batcher forms only the shapes that were warmed."""
+        config = self.config
+        warmup = Warmup(
+            self.workers,
+            self.plan,
+            self.metrics,
+            memory=self.memory,
+            memory_policy=config.memory_policy,
+            graphs_required=config.cuda_graphs == "on",
+        )
         await warmup.run(lifecycle, rule or SettleRule())
+        cut = lifecycle.memory.cut if lifecycle.memory is not None else None
+        if cut is not None:
+            self.plan = tuple(shape for shape in self.plan if shape not in cut.shapes)
+            lifecycle.planned = self.plan
+            self.scheduler.policy = ShapePolicy.build(
+                config.sequence_buckets,
+                max(shape.batch_size for shape in self.plan),
+                cut.max_batch_tokens,
+                config.pad_batch,
+                self.plan,
+            )

@@ -5,9 +5,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from warmgate_contract.names import REASON_MEMORY_EXCEEDED
+
 
 class ModelLoadError(RuntimeError):
-    """The model cannot be found, downloaded or loaded; the message says what to change."""
+    """The model cannot be found, downloaded, loaded or warmed; the message says what to
+    change."""
+
+    reason: str | None = None
+    """A CamelCase reason the operator tells apart (the /ready report's failure_reason)."""
+    restartable = True
+    """Whether a restart may do better (then the process exits and its container restarts)."""
+
+
+class MemoryExceeded(ModelLoadError):
+    """The model, or a planned shape, would not fit in the memory the process may use; the
+    message has the numbers and the fields to change. A restart would not change it: the
+    server stays up, failed (Lifecycle.fail), so its pod is not restarted into it again."""
+
+    reason = REASON_MEMORY_EXCEEDED
+    restartable = False
 
 
 def weight_names(keys: Sequence[str], shown: int = 8) -> str:

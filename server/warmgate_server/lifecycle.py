@@ -11,11 +11,14 @@ from datetime import UTC, datetime
 
 from warmgate_contract.flags import DEFAULTS
 from warmgate_contract.report import (
+    DOWNLOADING,
     DRAINING,
     FAILED,
     LOADING,
     READY,
     UNHEALTHY,
+    WARMING,
+    MemoryReport,
     ReadyReport,
     WarmedShape,
 )
@@ -47,6 +50,10 @@ class Lifecycle:
     """Bytes done and in all while the model downloads (kept afterwards)."""
     phase: str = LOADING
     error: str | None = None
+    failure_reason: str | None = None
+    """With phase failed, the reason the operator tells apart (WarmupMemoryExceeded)."""
+    memory: MemoryReport | None = None
+    """What the warmup measured of memory (and what it cut), once it began."""
     warmed: dict[Shape, WarmedShape] = field(default_factory=dict)
     warmup_seconds: float | None = None
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
@@ -105,10 +112,21 @@ class Lifecycle:
         if self.on_phase is not None:
             self.on_phase(phase)
 
-    def fail(self, error: str) -> None:
+    @property
+    def started(self) -> bool:
+        """The start has ended: loaded and warmed, or failed (the startup probe's answer)."""
+        return self.phase not in (DOWNLOADING, LOADING, WARMING)
+
+    def fail(self, error: str, reason: str | None = None, restartable: bool = True) -> None:
+        """The start failed. `restartable`: the process exits (its container restarts, and may
+        do better: a download that broke); else it stays up, reporting why on /ready and
+        started on /started, so its pod is not restarted into the same failure over and over
+        (a plan that does not fit in memory)."""
         self.error = error
+        self.failure_reason = reason
         self.enter(FAILED)
-        self.failed_event.set()
+        if restartable:
+            self.failed_event.set()
 
     def begin_drain(self) -> None:
         if self.phase != FAILED:
@@ -137,4 +155,6 @@ class Lifecycle:
             commit=self.commit,
             weights_digest=self.weights_digest,
             download=self.download,
+            memory=self.memory,
+            failure_reason=self.failure_reason,
         ).to_json()

@@ -129,6 +129,29 @@ class Metrics:
         self.warmup_duration = Gauge(
             "warmgate_warmup_duration_seconds", "Whole warmup duration.", registry=registry
         )
+        self.warmup_shape_peak = Gauge(
+            "warmgate_warmup_shape_peak_bytes",
+            "Memory peak while each shape warmed on every worker (process resident memory on a "
+            "CPU, the CUDA allocator's reserved memory on a GPU).",
+            ["shape"],
+            registry=registry,
+        )
+        self.memory_peak = Gauge(
+            "warmgate_memory_peak_bytes",
+            "The highest memory the warmup reached (the same measure).",
+            registry=registry,
+        )
+        self.memory_limit = Gauge(
+            "warmgate_memory_limit_bytes",
+            "What the process may use: the container's cgroup limit, or the GPU's memory "
+            "(absent when nothing limits it).",
+            registry=registry,
+        )
+        self.memory_headroom = Gauge(
+            "warmgate_memory_headroom_bytes",
+            "The limit less the warmup's peak.",
+            registry=registry,
+        )
         self.warmup_shape_duration = Gauge(
             "warmgate_warmup_shape_duration_seconds",
             "Time spent warming each shape.",

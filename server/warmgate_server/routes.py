@@ -79,6 +79,14 @@ async def ready(request: web.Request) -> web.Response:
     return web.json_response(lifecycle.report(), status=200 if lifecycle.is_ready else 503)
 
 
+async def started(request: web.Request) -> web.Response:
+    """The startup probe: 200 once the start has ended, warm or failed for good (then /ready
+    stays 503 and says why, and kubelet does not restart the container into the same failure);
+    503 while it downloads, loads or warms."""
+    lifecycle = request.app[RUNTIME].lifecycle
+    return web.json_response({"phase": lifecycle.phase}, status=200 if lifecycle.started else 503)
+
+
 async def info(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     config, engine = runtime.config, runtime.engine
@@ -418,6 +426,7 @@ def add_routes(app: web.Application) -> None:
         app.router.add_post("/debug/faults", debug_faults)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/ready", ready)
+    app.router.add_get("/started", started)
     app.router.add_get("/info", info)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)

@@ -295,6 +295,13 @@ class ModelRunner:
         with self._tokenizer_lock:
             return tokenizer.batch_decode(lists, skip_special_tokens=skip_special_tokens)
 
+    def release_memory(self) -> None:
+        """After a failed allocation on a GPU, give the allocator's cached blocks back."""
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
     def warmup_inputs(self, shape: Shape) -> list[list[int]]:
         """`shape.batch_size` inputs of `shape.seq_len` tokens (the input limit, when the
         bucket is longer than the model takes), via the tokenizer."""

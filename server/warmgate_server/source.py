@@ -61,15 +61,28 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def weight_files(folder: Path) -> list[tuple[str, Path]]:
+    """The folder's weight files (what loading reads), by their paths inside it, sorted."""
+    found = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() or p.is_symlink()):
+        relative = path.relative_to(folder).as_posix()
+        if relative.endswith(WEIGHT_SUFFIXES) and not relative.startswith(SKIPPED_FOLDERS):
+            found.append((relative, path))
+    return found
+
+
 def weights_digest(folder: Path) -> str:
     """`sha256:<hex>` over every weight file's name and content hash, so two servers that report
     the same digest run the same weights whatever the files are called in their caches."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() or p.is_symlink()):
-        relative = path.relative_to(folder).as_posix()
-        if relative.endswith(WEIGHT_SUFFIXES) and not relative.startswith(SKIPPED_FOLDERS):
-            digest.update(f"{relative}\0{_file_sha256(path)}\n".encode())
+    for relative, path in weight_files(folder):
+        digest.update(f"{relative}\0{_file_sha256(path)}\n".encode())
     return f"sha256:{digest.hexdigest()}"
+
+
+def weights_bytes(folder: Path) -> int:
+    """How big the weight files are: about what loading them takes in memory at their dtype."""
+    return sum(path.stat().st_size for _, path in weight_files(folder))
 
 
 def _wanted(path: str) -> bool:

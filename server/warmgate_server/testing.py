@@ -55,9 +55,13 @@ class ServerProcess:
         log_path: Path | None = None,
         python: str = sys.executable,
         host: str = "127.0.0.1",
+        prefix: list[str] | None = None,
     ) -> None:
+        """`prefix`: what runs the server (e.g. a shell that puts it in a cgroup, then execs
+        it: the same pid)."""
         self.args = args
         self.env = env or {}
+        self.prefix = prefix or []
         self.python = python
         self.host = host
         self.log_path = log_path or Path(
@@ -83,7 +87,16 @@ class ServerProcess:
             if part
         )
         env.update(self.env)
-        command = [self.python, "-m", "warmgate_server", "--host", self.host, "--port", "0"]
+        command = [
+            *self.prefix,
+            self.python,
+            "-m",
+            "warmgate_server",
+            "--host",
+            self.host,
+            "--port",
+            "0",
+        ]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [*command, *self.args], env=env, stdout=log, stderr=subprocess.STDOUT

@@ -1,6 +1,10 @@
 """Warmup: every planned shape through the serving path (Workers.execute) on every model worker,
 side by side as under load, until its latency settles (warmup.py's rule); CUDA graphs are
-captured first. What it measured goes to the lifecycle (/ready) and the metrics."""
+captured first. Shapes go from the smallest up, each one's memory peak measured, and none starts
+whose predicted peak is past the budget (memory.py): with --memory-policy refuse the warmup fails
+there, naming the shape, its prediction, the limit and what to change; with fit the plan is cut
+there and the batcher is told. What it measured goes to the lifecycle (/ready) and the
+metrics."""
 
 from __future__ import annotations
 
@@ -8,16 +12,29 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from warmgate_contract.report import WARMING, WarmedShape
+from warmgate_contract.report import (
+    MEMORY_MARGIN,
+    WARMING,
+    MemoryReport,
+    PlanCut,
+    ShapeMemory,
+    WarmedShape,
+)
 from warmgate_contract.shapes import Shape
 
-from .errors import ModelLoadError
+from .errors import MemoryExceeded, ModelLoadError
 from .lifecycle import Lifecycle
+from .memory import Probe, predict, warm_order
 from .metrics import Metrics
 from .warmup import SettleRule, should_stop, steady_seconds
 from .workers import Workers
+
+
+def _gib(size: int | None) -> str:
+    return "?" if size is None else f"{size / 2**30:.2f} GiB"
+
 
 log = logging.getLogger(__name__)
 
@@ -27,50 +44,160 @@ class Warmup:
     workers: Workers
     plan: tuple[Shape, ...]
     metrics: Metrics
+    memory: Probe
+    memory_policy: str = "refuse"
     graphs_required: bool = False
     """--cuda-graphs on: a capture that fails fails the warmup (auto: every shape is served
     eagerly instead)."""
 
     async def run(self, lifecycle: Lifecycle, rule: SettleRule) -> None:
         """A shape counts as warm once all workers have settled it, and its steady latency is
-        the slowest worker's. Stops early when the phase leaves warming (draining, failed)."""
-        workers = self.workers
+        the slowest worker's. Stops early when the phase leaves warming (draining, failed).
+        Raises MemoryExceeded when a shape would not fit and the policy is refuse; with fit,
+        `lifecycle.memory.cut` says what was left out."""
+        probe = self.memory
         started = time.perf_counter()
+        limit = probe.limit()
+        loaded = probe.current()
+        report = MemoryReport(
+            probe.device, probe.measure, limit.bytes, limit.source, self.memory_policy,
+            loaded, loaded,
+        )  # fmt: skip
+        budget = report.budget_bytes
+        lifecycle.memory = report
         await self._capture_graphs(lifecycle)
-        for shape in self.plan:
+        order = warm_order(self.plan)
+        measured: list[tuple[Shape, int]] = []
+        for position, shape in enumerate(order):
             if lifecycle.phase != WARMING:
                 return
-            inputs = await workers.run(workers.runner.warmup_inputs, shape)
-            shape_started = time.perf_counter()
-            tasks = [
-                asyncio.create_task(self._settle(shape, inputs, worker, rule))
-                for worker in range(workers.count)
-            ]
-            try:
-                runs = await asyncio.gather(*tasks)
-            except BaseException:  # one worker failed (out of memory...): stop the others too
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
-            if workers.runs_solo(shape):  # and alone, on every worker's cores
-                runs.append(await self._settle(shape, inputs, 0, rule, solo=True))
-            steady = max(steady_seconds(seconds, rule) for seconds in runs)
-            spent = time.perf_counter() - shape_started
-            count = sum(map(len, runs))
-            lifecycle.warmed[shape] = WarmedShape(shape, steady * 1000.0, count, spent)
-            self.metrics.warmup_shape_duration.labels(shape=shape.key).set(spent)
-            self.metrics.warmup_shape_steady.labels(shape=shape.key).set(steady)
-            log.info(
-                "warmed %s: first %.1f ms, steady %.1f ms after %d runs on %d workers",
-                shape.key,
-                max(seconds[0] for seconds in runs) * 1000.0,
-                steady * 1000.0,
-                count,
-                workers.count,
-            )
+            predicted = predict(measured, shape)
+            stop = None
+            if budget is not None and loaded > budget:
+                stop = f"the loaded model alone took {_gib(loaded)}, above the budget"
+            elif budget is not None and predicted is not None and predicted > budget:
+                stop = (
+                    f"shape {shape.key} would need about {_gib(predicted)} (predicted from "
+                    "the shapes warmed before it), above the budget"
+                )
+            else:
+                probe.reset_peak()
+                peak = await self._warm_shape(lifecycle, shape, rule)
+                if peak is None:
+                    stop = f"shape {shape.key} ran out of device memory"
+                else:
+                    measured.append((shape, peak))
+                    report = replace(
+                        report,
+                        peak_bytes=max(report.peak_bytes, peak),
+                        shapes=(*report.shapes, ShapeMemory(shape, peak, predicted)),
+                    )
+                    lifecycle.memory = report
+                    self.metrics.warmup_shape_peak.labels(shape=shape.key).set(peak)
+                    if budget is not None and peak > budget:
+                        stop = f"shape {shape.key} reached {_gib(peak)}, above the budget"
+            if stop is not None:
+                why = self._advice(stop, shape, max(predicted or 0, report.peak_bytes), report)
+                left_out = order[position:]
+                # A bucket none of whose shapes fits cannot be served by a smaller plan.
+                lost = {cut.seq_len for cut in left_out} - {
+                    done.seq_len for done in order[:position]
+                }
+                if self.memory_policy != "fit":
+                    raise MemoryExceeded(why)
+                if lost:
+                    raise MemoryExceeded(
+                        f"{why} (a cut plan cannot serve an input of {max(lost)} tokens: not even "
+                        f"one fits; lower warmup.sequenceBuckets or model.maxInputLength)"
+                    )
+                lifecycle.memory = report = self._cut(report, left_out, why)
+                for cut in left_out:
+                    lifecycle.warmed.pop(cut, None)
+                log.warning("plan cut: %s", why)
+                break
+        usage, container_peak = probe.container()
+        report = replace(
+            report,
+            container_usage_bytes=usage,
+            container_peak_bytes=container_peak,
+            device_details=probe.device_details(),
+        )
+        lifecycle.memory = report
         lifecycle.warmup_seconds = time.perf_counter() - started
         self.metrics.warmup_duration.set(lifecycle.warmup_seconds)
+        self._export(report)
+
+    async def _warm_shape(self, lifecycle: Lifecycle, shape: Shape, rule: SettleRule) -> int | None:
+        """Settle `shape` on every worker; its memory peak, or None when the device ran out
+        of memory (a GPU: an allocation raises; a CPU past its limit is killed instead)."""
+        workers = self.workers
+        inputs = await workers.run(workers.runner.warmup_inputs, shape)
+        shape_started = time.perf_counter()
+        tasks = [
+            asyncio.create_task(self._settle(shape, inputs, worker, rule))
+            for worker in range(workers.count)
+        ]
+        try:
+            runs = await asyncio.gather(*tasks)
+            if workers.runs_solo(shape):  # and alone, on every worker's cores
+                runs.append(await self._settle(shape, inputs, 0, rule, solo=True))
+        except BaseException as error:  # one worker failed: stop the others too
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if _out_of_memory(error):
+                await workers.run(workers.runner.release_memory)
+                return None
+            raise
+        steady = max(steady_seconds(seconds, rule) for seconds in runs)
+        spent = time.perf_counter() - shape_started
+        count = sum(map(len, runs))
+        lifecycle.warmed[shape] = WarmedShape(shape, steady * 1000.0, count, spent)
+        self.metrics.warmup_shape_duration.labels(shape=shape.key).set(spent)
+        self.metrics.warmup_shape_steady.labels(shape=shape.key).set(steady)
+        log.info(
+            "warmed %s: first %.1f ms, steady %.1f ms after %d runs on %d workers",
+            shape.key,
+            max(seconds[0] for seconds in runs) * 1000.0,
+            steady * 1000.0,
+            count,
+            workers.count,
+        )
+        return self.memory.peak()
+
+    def _advice(self, stop: str, shape: Shape, need: int, report: MemoryReport) -> str:
+        """Why the warmup stopped at `shape`, the numbers, and the fields that change it."""
+        warmed = [item.shape for item in report.shapes if item.shape != shape]
+        fits = max((item.tokens for item in warmed), default=0)
+        advice = [
+            f"lower batching.maxBatchTokens (to {fits} or less) or warmup.batchSizes"
+            if fits
+            else "lower warmup.sequenceBuckets or model.maxInputLength",
+            "raise resources.limits.memory (to at least "
+            f"{_gib(int(need / (1 - MEMORY_MARGIN)) + 1)})",
+        ]
+        if self.memory_policy != "fit":
+            advice.append("or set warmup.memoryPolicy: fit to serve the shapes that fit")
+        return (
+            f"{stop} of {_gib(report.budget_bytes)}: the limit is {_gib(report.limit_bytes)} "
+            f"({report.limit_source}) less {MEMORY_MARGIN:.0%}; the model took "
+            f"{_gib(report.loaded_bytes)} loaded, the warmup up to {_gib(report.peak_bytes)}. "
+            "To change it: " + ", ".join(advice)
+        )
+
+    def _cut(self, report: MemoryReport, left_out: list[Shape], why: str) -> MemoryReport:
+        kept = [item.shape for item in report.shapes if item.shape not in left_out]
+        tokens = max((shape.tokens for shape in kept), default=0)
+        shapes = tuple(item for item in report.shapes if item.shape not in left_out)
+        return replace(report, shapes=shapes, cut=PlanCut(tokens, tuple(sorted(left_out)), why))
+
+    def _export(self, report: MemoryReport | None) -> None:
+        if report is None:
+            return
+        self.metrics.memory_peak.set(report.peak_bytes)
+        if report.limit_bytes is not None:
+            self.metrics.memory_limit.set(report.limit_bytes)
+            self.metrics.memory_headroom.set(report.limit_bytes - report.peak_bytes)
 
     async def _capture_graphs(self, lifecycle: Lifecycle) -> None:
         """Capture every planned shape's graph on every worker, before any shape is settled,
@@ -116,3 +243,8 @@ class Warmup:
             result = await self.workers.execute(inputs, shape, worker, solo=solo)
             seconds.append(result.seconds)
         return seconds
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """A CUDA allocation past the device's memory (torch.cuda.OutOfMemoryError)."""
+    return type(error).__name__ == "OutOfMemoryError"

@@ -13,9 +13,12 @@ from warmgate_contract.report import (
     PHASES,
     READY,
     WARMING,
+    MemoryReport,
+    PlanCut,
     ProfileEntry,
     ReadyReport,
     ReportError,
+    ShapeMemory,
     WarmedShape,
     merge_profiles,
     parse_profile,
@@ -28,6 +31,27 @@ shapes = st.builds(Shape, st.integers(1, 1024), st.integers(1, 32768))
 # What survives the report's rounding to milliseconds.
 millis = st.integers(0, 10**9).map(lambda value: value / 1000)
 texts = st.text(max_size=30)
+sizes = st.integers(0, 1 << 40)
+
+memory_reports = st.builds(
+    MemoryReport,
+    device=texts,
+    measure=texts,
+    limit_bytes=st.none() | sizes,
+    limit_source=texts,
+    policy=st.sampled_from(["refuse", "fit"]),
+    loaded_bytes=sizes,
+    peak_bytes=sizes,
+    shapes=st.lists(st.builds(ShapeMemory, shapes, sizes, st.none() | sizes), max_size=4).map(
+        tuple
+    ),
+    cut=st.none()
+    | st.builds(PlanCut, st.integers(1, 1 << 20), st.lists(shapes, max_size=4).map(tuple), texts),
+    container_usage_bytes=st.none() | sizes,
+    container_peak_bytes=st.none() | sizes,
+    device_details=st.none()
+    | st.fixed_dictionaries({"allocated_peak_bytes": sizes, "free_bytes": sizes}),
+)
 
 reports = st.builds(
     ReadyReport,
@@ -52,6 +76,8 @@ reports = st.builds(
     weights_digest=st.none() | texts.map(lambda text: f"sha256:{text}"),
     download=st.none()
     | st.fixed_dictionaries({"done_bytes": st.integers(0), "total_bytes": st.integers(0)}),
+    memory=st.none() | memory_reports,
+    failure_reason=st.none() | st.just("WarmupMemoryExceeded"),
 )
 
 
@@ -59,6 +85,10 @@ reports = st.builds(
 def test_a_report_reads_back_as_written(report: ReadyReport) -> None:
     document = report.to_json()
     assert ReadyReport.from_json(document) == report
+    if report.memory is not None and report.memory.limit_bytes is not None:
+        memory = document["memory"]
+        assert memory["budget_bytes"] == int(report.memory.limit_bytes * 0.9)
+        assert memory["headroom_bytes"] == report.memory.limit_bytes - report.memory.peak_bytes
     assert document["ready"] is (report.phase == READY)
     assert document["progress"] == {"done": len(report.warmed), "total": len(report.planned)}
 

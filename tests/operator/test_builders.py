@@ -77,7 +77,9 @@ def test_probes_split_liveness_readiness_and_startup() -> None:
         "scheme": "HTTP",
     }
     assert server["readinessProbe"]["httpGet"]["path"] == "/ready"
-    assert server["startupProbe"]["httpGet"]["path"] == "/ready"
+    # 200 once the start has ended, warm or failed for good (a plan too big for the pod's
+    # memory): such a pod then stays up, not Ready, instead of being restarted over and over.
+    assert server["startupProbe"]["httpGet"]["path"] == "/started"
     # examples/minilm.yaml: startupTimeoutSeconds 300, periodSeconds 2 -> 150 tries of 2 s.
     assert server["startupProbe"]["periodSeconds"] == 2
     assert server["startupProbe"]["failureThreshold"] == 150
@@ -332,12 +334,21 @@ def test_default_requests_fill_only_missing_resources() -> None:
     raw = example_spec()
     del raw["resources"]
     server = container(build_children(parse_spec(raw), OWNER, "img").deployment)
-    assert server["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}}
+    # Memory measured against a limit by default: a plan too big is refused or fitted by the
+    # server, not discovered by the node running out of memory.
+    assert server["resources"] == {
+        "requests": {"cpu": "500m", "memory": "1536Mi"},
+        "limits": {"memory": "1536Mi"},
+    }
     server = container(children().deployment)
     assert server["resources"] == {
-        "requests": {"cpu": "100m", "memory": "256Mi"},
+        "requests": {"cpu": "100m", "memory": "1Gi"},
         "limits": {"memory": "1Gi"},
     }
+    raw = example_spec()
+    raw["resources"] = {"requests": {"memory": "2Gi"}}  # a request, no limit: the user's call
+    server = container(build_children(parse_spec(raw), OWNER, "img").deployment)
+    assert server["resources"] == {"requests": {"memory": "2Gi", "cpu": "500m"}}
 
 
 def test_labels_selector_and_owner_reference() -> None:

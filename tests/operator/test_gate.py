@@ -209,6 +209,8 @@ def test_status_patch_touches_only_our_condition_and_state_and_guards_the_versio
         "restarts": 2,
         "commit": "c0ffee",
         "weightsDigest": "sha256:ab",
+        "memoryPeakBytes": None,
+        "memoryLimitBytes": None,
     }
     assert [c["type"] for c in body["status"]["conditions"]] == [names.WARMED_CONDITION]
     assert desired["message"] == "ok"  # for people: no machine state in it
@@ -309,3 +311,68 @@ def test_pods_of_one_template_are_those_of_one_replicaset():
     pod["metadata"]["labels"] = {"pod-template-hash": "7f9c"}
     assert gate.template_key(pod) == ("ns", "7f9c")
     assert gate.template_key(make_pod()) is None
+
+
+# ------------------------------------------------------------------------------ memory
+def memory_section(cut=None, peak=900 << 20, limit=1 << 30):
+    return {
+        "device": "cpu",
+        "measure": "process resident memory",
+        "limit_bytes": limit,
+        "limit_source": "cgroup v1 memory.limit_in_bytes",
+        "policy": "fit",
+        "loaded_bytes": 600 << 20,
+        "peak_bytes": peak,
+        "shapes": [],
+        "cut": cut,
+    }
+
+
+def test_a_plan_cut_to_fit_in_memory_passes_only_when_the_pod_asked_for_fit():
+    """With fit, the server leaves out what does not fit in its memory and its batcher never
+    forms it: the gate lets the pod in without those shapes, and says so. A pod that did not
+    ask for fit must still warm its whole plan."""
+    big = [(b, s) for b, s in EXPECTED_GRID if b * s > 1024]
+    kept = sorted(EXPECTED_GRID - set(big))
+    cut = {
+        "max_batch_tokens": 1024,
+        "shapes": [{"batch_size": b, "seq_len": s} for b, s in big],
+        "reason": "shape 8x256 would need about 1.4 GiB...",
+    }
+    report = make_report(
+        planned_shapes=[{"batch_size": b, "seq_len": s} for b, s in kept],
+        warmed_shapes=shapes(kept),
+        memory=memory_section(cut),
+    )
+    fitting = make_pod(args=[*ARGS, "--memory-policy=fit"])
+    verdict = gate.evaluate_report(report, gate.expectation_for(fitting))
+    assert verdict.passed and f"{len(big)} shapes cut to fit in memory" in verdict.message
+    assert verdict.memory == (900 << 20, 1 << 30)
+    refusing = gate.evaluate_report(report, gate.expectation_for(make_pod()))
+    assert refusing.reason == names.REASON_SHAPES_MISSING
+
+
+def test_a_warmup_refused_for_memory_is_told_apart_from_other_failures():
+    failed = make_report(
+        phase="failed",
+        ready=False,
+        error="shape 32x256 would need about 1.40 GiB ... raise resources.limits.memory",
+        failure_reason=names.REASON_MEMORY_EXCEEDED,
+    )
+    verdict = gate.evaluate_report(failed, gate.expectation_for(make_pod()))
+    assert verdict.reason == names.REASON_MEMORY_EXCEEDED and not verdict.retryable
+    assert "resources.limits.memory" in verdict.message
+    expected = gate.expectation_for(make_pod())
+    other = gate.evaluate_report({**failed, "failure_reason": None}, expected)
+    assert other.reason == names.REASON_FAILED
+
+
+def test_the_measured_peak_and_limit_are_recorded_for_the_process_judged():
+    verdict = gate.evaluate_report(
+        make_report(memory=memory_section()), gate.expectation_for(make_pod())
+    )
+    pod = judged(make_pod(), verdict)
+    assert gate.measured_memory(pod) == (900 << 20, 1 << 30)
+    restarted = copy.deepcopy(pod)
+    restarted["status"]["containerStatuses"][0]["restartCount"] = 1
+    assert gate.measured_memory(restarted) is None  # another process: not measured yet

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from warmgate_contract.report import ReadyReport, WarmedShape
+from warmgate_operator import gate
 from warmgate_operator.builders import Owner, build_pod_template
 from warmgate_operator.gate import expectation_for, identity_verdict
 from warmgate_operator.gatekeeper import GateConfig, Gatekeeper
@@ -102,6 +103,7 @@ def test_all_ready_and_warmed() -> None:
         "Warmed",
         "Degraded",
         "Conflict",
+        "MemoryPressure",
     ]
 
 
@@ -282,6 +284,7 @@ def test_recomputing_from_its_own_output_is_stable(
         "Warmed",
         "Degraded",
         "Conflict",
+        "MemoryPressure",
     }
     assert first["readySummary"] == f"{ready}/{desired}"
 
@@ -456,3 +459,43 @@ def test_a_record_from_before_a_restart_does_not_speak_for_the_new_process() -> 
     assert compute_status(spec, es(), dep, [pod], T0)["model"]["commit"] == COMMIT
     pod["status"]["containerStatuses"][0]["restartCount"] = 1
     assert compute_status(spec, es(), dep, [pod], T0)["model"] == {"id": "m", "revision": "r1"}
+
+
+# ------------------------------------------------------------------------------ memory
+def test_a_pod_refused_for_memory_makes_the_service_degraded_with_that_reason() -> None:
+    message = "the server's warmup failed: shape 32x256 would need about 1.40 GiB ..."
+    failing = pod("p0", ready=False, warmed=False)
+    failing["status"]["conditions"][1].update(reason="WarmupMemoryExceeded", message=message)
+    dep = deployment(replicas=2, ready=1, updated=1)
+    c = conditions(compute_status(SPEC, es(), dep, [pod("p1"), failing], T0))
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "WarmupMemoryExceeded")
+    assert "pod p0" in c["Degraded"]["message"] and "1.40 GiB" in c["Degraded"]["message"]
+    assert c["Ready"]["reason"] == "WarmupMemoryExceeded"
+
+
+@pytest.mark.parametrize(
+    ("peak_mib", "limit_mib", "pressure", "reason"),
+    [(700, 1024, "False", "EnoughHeadroom"), (950, 1024, "True", "LowHeadroom")],
+)
+def test_status_memory_is_the_highest_measured_peak_and_low_headroom_is_a_warning(
+    peak_mib: int, limit_mib: int, pressure: str, reason: str
+) -> None:
+    pods = []
+    for name, peak in (("a", peak_mib - 50), ("b", peak_mib)):
+        verdict = gate.Verdict(True, "WarmupVerified", "ok", memory=(peak << 20, limit_mib << 20))
+        verified = judged(server_pod(SPEC, name, f"uid-{name}"), verdict)
+        verified["status"]["conditions"].append({"type": "Ready", "status": "True"})
+        pods.append(verified)
+    status = compute_status(SPEC, es(), deployment(), pods, T0)
+    assert status["memory"] == {
+        "peakBytes": peak_mib << 20,
+        "limitBytes": limit_mib << 20,
+        "headroomBytes": (limit_mib - peak_mib) << 20,
+        "headroomPercent": round(100 * (limit_mib - peak_mib) / limit_mib, 1),
+    }
+    memory = conditions(status)["MemoryPressure"]
+    assert (memory["status"], memory["reason"]) == (pressure, reason)
+    assert f"{peak_mib} MiB of a {limit_mib} MiB limit" in memory["message"]
+    # Nothing measured against a limit yet: unknown, not fine.
+    unknown = conditions(compute_status(SPEC, es(), deployment(), [pod("x")], T0))
+    assert unknown["MemoryPressure"]["status"] == "Unknown"

@@ -26,6 +26,7 @@ from warmgate_server.graphs import GraphCaptureError, GraphSet, graph_forward, r
 from warmgate_server.head import Head
 from warmgate_server.lifecycle import Lifecycle
 from warmgate_server.loading import LoadedModel, load_model
+from warmgate_server.memory import ProcessProbe
 from warmgate_server.metrics import Metrics
 from warmgate_server.packed import PackedBert
 from warmgate_server.runner import ModelRunner
@@ -179,7 +180,7 @@ def _warm(workers: Workers, graphs_required: bool = False) -> Lifecycle:
     """Run the warmup of PLAN on `workers`; the lifecycle it filled in."""
     lifecycle = Lifecycle("m", "main", "m", "cpu", "float32", PLAN)
     lifecycle.enter(WARMING)
-    warmup = Warmup(workers, PLAN, Metrics(), graphs_required=graphs_required)
+    warmup = Warmup(workers, PLAN, Metrics(), ProcessProbe(), graphs_required=graphs_required)
     asyncio.run(warmup.run(lifecycle, QUICK_SETTLE))
     return lifecycle
 

@@ -27,8 +27,14 @@ async def test_probes_and_reports_while_warming_then_ready(start_server) -> None
     assert set(report) == {
         "phase", "ready", "model", "device", "dtype", "workers", "torch_threads",
         "planned_shapes", "warmed_shapes", "progress", "warmup_seconds", "error", "started_at",
-        "pid", "model_settings", "download", "forward",
+        "pid", "model_settings", "download", "forward", "memory", "failure_reason",
     }  # fmt: skip
+    # What the warmup measured of memory, every planned shape with its peak.
+    memory = report["memory"]
+    assert memory["device"] == "cpu" and memory["peak_bytes"] >= memory["loaded_bytes"] > 0
+    assert {(s["batch_size"], s["seq_len"]) for s in memory["shapes"]} == {
+        (s["batch_size"], s["seq_len"]) for s in report["planned_shapes"]
+    }
     # On a CPU: warmgate's packed pass, attention over padded keys, and no CUDA graphs.
     assert report["forward"] == {
         "pass": "packed",
@@ -60,7 +66,9 @@ async def test_probes_and_reports_while_warming_then_ready(start_server) -> None
     planned = [(s["batch_size"], s["seq_len"]) for s in report["planned_shapes"]]
     assert planned == [(1, 16), (4, 16), (1, 32), (4, 32), (1, 64), (4, 64)]
     warmed = [(s["batch_size"], s["seq_len"]) for s in report["warmed_shapes"]]
-    assert warmed == planned
+    # Smallest first (by tokens; the bigger batch first among equal tokens): each shape's
+    # memory peak is predicted from the smaller ones before it runs.
+    assert warmed == [(1, 16), (1, 32), (4, 16), (1, 64), (4, 32), (4, 64)]
     assert all(
         s["steady_ms"] > 0 and s["runs"] >= 2 and s["seconds"] >= s["steady_ms"] / 1000.0
         for s in report["warmed_shapes"]
