@@ -118,7 +118,7 @@ def test_apply_creates_owned_children(devcluster: Any, namespace: str, operator:
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     assert pod["readinessGates"] == [{"conditionType": "warmgate.dev/warmed"}]
-    assert server["startupProbe"]["httpGet"]["path"] == "/ready"
+    assert server["startupProbe"]["httpGet"]["path"] == "/started"
     assert server["startupProbe"]["failureThreshold"] == 150
     assert server["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert "--model=sentence-transformers/all-MiniLM-L6-v2" in server["args"]
@@ -141,6 +141,7 @@ def test_apply_creates_owned_children(devcluster: Any, namespace: str, operator:
         "Warmed",
         "Degraded",
         "Conflict",
+        "MemoryPressure",
     }
     assert not es["metadata"].get("finalizers"), "the operator must not block deletion"
 
