@@ -67,3 +67,15 @@ PROFILE_PATH = f"{PROFILE_DIR}/{PROFILE_KEY}"
 REVISION_HEADER = "X-Warmgate-Revision"
 COLD_HEADER = "X-Warmgate-Cold"
 POD_HEADER = "X-Warmgate-Pod"
+
+# Standby pods (spec.standbyReplicas): the operator labels each Ready pod with its role; with a
+# standby pool the Service (and the scale subresource's selector, which the HPA reads) select
+# serving pods only. The server learns its role at ROLE_PATH (a standby server closes its
+# keep-alive connections, so pooled clients reconnect through the Service to serving pods).
+ROLE_LABEL = "warmgate.dev/role"
+ROLE_SERVING = "serving"
+ROLE_STANDBY = "standby"
+ROLE_PATH = "/role"
+# Which pods a ReplicaSet deletes first when it scales down (lower first): standby pods go
+# before serving ones.
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"

@@ -21,12 +21,10 @@ from warmgate_contract.names import APPLIED_HASH_ANNOTATION
 
 from .builders import content_hash
 from .config import FIELD_MANAGER
-from .kube import DEPLOYMENT, ResourceKind
+from .kube import ResourceKind
 
 log = logging.getLogger("warmgate.apply")
 
-# Keeps spec.replicas alive while ownership passes from warmgate to the HPA.
-HANDOVER_FIELD_MANAGER = "warmgate-handover"
 
 
 class Client(Protocol):
@@ -160,34 +158,6 @@ def _owner_uid(desired: Mapping[str, Any]) -> str:
     return uid
 
 
-def _owns_replicas(deployment: Mapping[str, Any], manager: str) -> bool:
-    for entry in deployment.get("metadata", {}).get("managedFields") or []:
-        if (
-            entry.get("manager") == manager
-            and entry.get("operation") == "Apply"
-            and "f:replicas" in (entry.get("fieldsV1") or {}).get("f:spec", {})
-        ):
-            return True
-    return False
-
-
-async def _hand_over_replicas(client: Client, current: Mapping[str, Any]) -> None:
-    """Before warmgate stops applying `spec.replicas` (autoscaling turned on), a second field
-    manager applies the live value, so dropping the field does not reset it to 1 before the
-    HPA takes over (the transfer Kubernetes documents for server-side apply and HPAs)."""
-    meta = current["metadata"]
-    await client.apply(
-        DEPLOYMENT,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-            "spec": {"replicas": current.get("spec", {}).get("replicas", 1)},
-        },
-        HANDOVER_FIELD_MANAGER,
-    )
-
-
 async def ensure(
     client: Client,
     kind: ResourceKind,
@@ -226,13 +196,6 @@ async def ensure(
         log.info("creating %s %s/%s: absent", kind.kind, namespace, name)
     else:
         log.info("updating %s %s/%s: %s", kind.kind, namespace, name, difference(target, current))
-    if (
-        kind == DEPLOYMENT
-        and current is not None
-        and "replicas" not in desired.get("spec", {})
-        and _owns_replicas(current, FIELD_MANAGER)
-    ):
-        await _hand_over_replicas(client, current)
     applied = await client.apply(kind, target, FIELD_MANAGER)
     return ApplyOutcome(kind.kind, name, "created" if current is None else "updated", applied)
 

@@ -27,6 +27,8 @@ from warmgate_contract.names import (
     PROFILE_DIR,
     PROFILE_KEY,
     PROFILE_PATH,
+    ROLE_LABEL,
+    ROLE_SERVING,
     SERVER_CONTAINER,
     SERVER_PORT,
     SERVER_PORT_NAME,
@@ -96,9 +98,19 @@ def selector_labels(name: str) -> dict[str, str]:
     return {NAME_LABEL: APP_NAME, INSTANCE_LABEL: name}
 
 
-def selector_string(name: str) -> str:
+def serving_labels(name: str, standby_pool: bool) -> dict[str, str]:
+    """The labels of the pods that take traffic: the Service's selector, and the scale
+    subresource's (which the HPA averages its metrics over). With a standby pool, serving
+    pods only (the role the operator gives each Ready pod, roles.py)."""
+    chosen = selector_labels(name)
+    if standby_pool:
+        chosen[ROLE_LABEL] = ROLE_SERVING
+    return chosen
+
+
+def selector_string(name: str, standby_pool: bool = False) -> str:
     """`status.selector`, as the scale subresource wants it."""
-    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+    return ",".join(f"{k}={v}" for k, v in sorted(serving_labels(name, standby_pool).items()))
 
 
 def configmap_name(name: str) -> str:
@@ -481,10 +493,9 @@ def build_deployment(
             default_pull_policy,
         ),
     }
-    # With autoscaling on, the HPA owns the replica count: the field is left out entirely so
-    # server-side apply never fights it.
-    if not spec.autoscaling.enabled:
-        deployment_spec = {"replicas": spec.replicas, **deployment_spec}
+    # Serving pods (spec.replicas, which the HPA sets through the EmbeddingService's scale
+    # subresource when autoscaling is on) and the standby pool.
+    deployment_spec = {"replicas": spec.pod_replicas, **deployment_spec}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -508,7 +519,7 @@ def build_service(spec: EmbeddingServiceSpec, owner: Owner) -> dict[str, Any]:
         "metadata": _metadata(owner, owner.name),
         "spec": {
             "type": spec.service.type,
-            "selector": selector_labels(owner.name),
+            "selector": serving_labels(owner.name, spec.standby_replicas > 0),
             "ports": [port],
         },
     }
@@ -576,7 +587,10 @@ def build_hpa(spec: EmbeddingServiceSpec, owner: Owner) -> dict[str, Any] | None
         "kind": "HorizontalPodAutoscaler",
         "metadata": _metadata(owner, owner.name),
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": owner.name},
+            # The EmbeddingService, not the Deployment: its scale subresource counts serving
+            # pods and selects them only, so idle standby pods neither dilute the metrics nor
+            # count as capacity; the operator sizes the Deployment as serving + standby.
+            "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": owner.name},
             "minReplicas": autoscaling.min_replicas,
             "maxReplicas": autoscaling.max_replicas,
             "metrics": metrics,

@@ -90,6 +90,14 @@ class Metrics:
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
             registry=registry,
         )
+        self.scale_out_seconds = Histogram(
+            "warmgate_operator_scale_out_seconds",
+            "From a scale-out's decision (more serving pods wanted) to that many pods serving, "
+            "by whether the standby pool had a pod for each one added (standby true/false).",
+            ["standby"],
+            buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+            registry=registry,
+        )
         self.pod_calls = Counter(
             "warmgate_operator_pod_calls",
             "Calls to server pods (/ready, /warmup/profile, verification), by path and result.",

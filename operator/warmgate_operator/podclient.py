@@ -72,6 +72,25 @@ class PodClient:
         except (ValueError, UnicodeDecodeError, RecursionError):
             return status, None
 
+    async def post_json(self, host: str, port: int, path: str, body: Any) -> tuple[int, Any]:
+        """POST `body` as JSON to `path`: (status, parsed JSON or None). Raises one of ERRORS
+        when no whole answer came."""
+        async with self._slots:
+            try:
+                async with self._client().post(
+                    f"http://{host}:{port}{path}", json=body
+                ) as response:
+                    raw = await read_capped(response, self._max_bytes)
+                    status = response.status
+            except ERRORS as error:
+                self._count(path, type(error).__name__)
+                raise
+        self._count(path, str(status))
+        try:
+            return status, json.loads(raw) if raw else None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return status, None
+
     async def time_request(self, host: str, port: int, inputs: list[str]) -> float:
         """Milliseconds for one `/embed` request of `inputs`; raises one of ERRORS when it
         fails (a status outside 2xx included)."""

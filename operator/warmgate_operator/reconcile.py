@@ -9,9 +9,13 @@ What is there is read from the watch cache: a reconcile that changes nothing mak
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
+
+from warmgate_contract.names import SPEC_HASH_ANNOTATION
 
 from . import apply
 from .builders import Owner, build_children, configmap_name
@@ -28,7 +32,9 @@ from .kube import (
     ApiError,
     KubeClient,
 )
-from .objects import rfc3339
+from .metrics import Metrics
+from .objects import micro_time, parse_time, rfc3339
+from .roles import RoleKeeper
 from .spec import ParsedSpecs, SpecError
 from .status import (
     APPLY_FAILED_REASON,
@@ -52,8 +58,12 @@ class Reconciler:
     config: OperatorConfig
     recorder: EventRecorder
     cache: Cache
+    roles: RoleKeeper | None = None
+    """None: roles are not given (a reconciler without pods to talk to, in unit tests)."""
+    metrics: Metrics | None = None
     specs: ParsedSpecs = field(default_factory=ParsedSpecs)
     clock: Callable[[], str] = field(default=rfc3339)
+    now: Callable[[], float] = field(default=time.time)
 
     async def __call__(self, body: Mapping[str, Any]) -> ReconcileResult:
         return await reconcile(self, body)
@@ -82,6 +92,18 @@ async def _apply_children(
         hub_endpoint=ctx.config.hub_endpoint,
         default_pull_policy=ctx.config.server_image_pull_policy,
     )
+    # Roles before the Deployment's size: a scale-in demotes the surplus serving pods (and
+    # makes them the cheapest to delete) before the ReplicaSet picks which pods to delete; and
+    # before the Service, whose selector names the serving role once there is a pool.
+    if ctx.roles is not None:
+        template = desired.deployment["spec"]["template"]
+        await ctx.roles.apply(
+            (owner.namespace, owner.name),
+            ctx.cache.owned(POD, owner.namespace, owner.name),
+            spec.serving_replicas,
+            spec.standby_replicas > 0,
+            template["metadata"]["annotations"].get(SPEC_HASH_ANNOTATION),
+        )
     outcomes = []
     # The ConfigMap first (new pods mount it).
     for kind, name, child in (
@@ -138,6 +160,8 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
         problem = Problem(INVALID_SPEC_REASON, str(error), blocking=True)
         await ctx.recorder.record(body, "Warning", problem.reason, problem.message)
 
+    if spec is not None and await _adopt_hpa_replicas(ctx, body, spec, owner):
+        return ReconcileResult()  # the scale write's own event reconciles again
     if spec is not None:
         try:
             deployment, outcomes = await _apply_children(ctx, body, spec, owner)
@@ -156,6 +180,20 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
         deployment = ctx.cache.child(DEPLOYMENT, owner.namespace, owner.name)
     pods = ctx.cache.owned(POD, owner.namespace, owner.name)
     status = compute_status(spec, body, deployment, pods, ctx.clock(), problem)
+    if spec is not None:
+        scale_out = track_scale_out(
+            body.get("status") or {}, spec.serving_replicas, status, ctx.now()
+        )
+        status.update(scale_out)
+        done = scale_out.get("lastScaleOut") or {}
+        if (
+            ctx.metrics is not None
+            and done.get("seconds") is not None
+            and done != (body.get("status") or {}).get("lastScaleOut")
+        ):
+            ctx.metrics.scale_out_seconds.labels(
+                standby="true" if done.get("standbyPromoted") else "false"
+            ).observe(done["seconds"])
     degraded = newly_degraded(body.get("status") or {}, status)
     if degraded is not None and problem is None:  # a problem above already has its Event
         await ctx.recorder.record(body, "Warning", degraded["reason"], degraded["message"])
@@ -165,6 +203,75 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
         # Its watch event then changes nothing and reconciles nothing again.
         ctx.cache.record(EMBEDDING_SERVICE, written)
     return ReconcileResult(requeue_after=requeue)
+
+
+async def _adopt_hpa_replicas(
+    ctx: Reconciler, body: Mapping[str, Any], spec: Any, owner: Owner
+) -> bool:
+    """An HPA made by an operator before standby pods scaled the Deployment itself; the new one
+    scales the EmbeddingService. Before it is replaced, its latest decision (the Deployment's
+    replicas) is written to spec.replicas, so the switch neither scales in nor out. True when
+    it wrote (the write's own event reconciles again)."""
+    if not spec.autoscaling.enabled:
+        return False
+    hpa = ctx.cache.child(HPA, owner.namespace, owner.name) or {}
+    target = ((hpa.get("spec") or {}).get("scaleTargetRef") or {}).get("kind")
+    live = ctx.cache.child(DEPLOYMENT, owner.namespace, owner.name) or {}
+    replicas = (live.get("spec") or {}).get("replicas")
+    if target != "Deployment" or replicas is None or replicas == spec.replicas:
+        return False
+    operations = [
+        {"op": "test", "path": "/metadata/uid", "value": owner.uid},
+        {"op": "replace", "path": "/spec/replicas", "value": int(replicas)},
+    ]
+    try:
+        await ctx.client.json_patch(
+            EMBEDDING_SERVICE, owner.namespace, owner.name, operations, subresource="scale"
+        )
+    except ApiError as error:
+        logger.info("replicas of %s/%s not adopted: %s", owner.namespace, owner.name, error)
+        return False
+    logger.info(
+        "%s/%s: spec.replicas %d adopted from the Deployment its old HPA scaled",
+        owner.namespace,
+        owner.name,
+        replicas,
+    )
+    return True
+
+
+def track_scale_out(
+    previous: Mapping[str, Any], wanted: int, status: Mapping[str, Any], now: float
+) -> dict[str, Any]:
+    """The status fields that time each scale-out from the decision (the operator seeing more
+    serving pods wanted: the HPA's write or a `kubectl scale`) to the capacity (that many pods
+    serving): `desiredServingReplicas`, `scaleOut` while one is under way, `lastScaleOut` once
+    done. `standbyPromoted`: whether the pool had a pod for each one added."""
+    fields: dict[str, Any] = {"desiredServingReplicas": wanted}
+    if previous.get("lastScaleOut"):
+        fields["lastScaleOut"] = previous["lastScaleOut"]
+    pending = previous.get("scaleOut")
+    before = previous.get("desiredServingReplicas")
+    if isinstance(before, int) and wanted > before:
+        pending = {
+            "fromReplicas": before,
+            "toReplicas": wanted,
+            "decidedAt": micro_time(datetime.fromtimestamp(now, UTC)),
+            "standbyPromoted": int(previous.get("standbyReplicas") or 0) >= wanted - before,
+        }
+    if not pending:
+        return fields
+    serving = int(status.get("servingReplicas") or 0)
+    if serving >= min(int(pending["toReplicas"]), wanted):
+        decided = parse_time(pending["decidedAt"]) or now
+        fields["lastScaleOut"] = {
+            **pending,
+            "capacityAt": micro_time(datetime.fromtimestamp(now, UTC)),
+            "seconds": round(max(0.0, now - decided), 3),
+        }
+    else:
+        fields["scaleOut"] = pending
+    return fields
 
 
 async def write_status(

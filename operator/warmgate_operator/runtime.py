@@ -40,6 +40,7 @@ from .metrics import Metrics
 from .observed import TrafficObserver
 from .podclient import PodClient
 from .reconcile import Reconciler
+from .roles import RoleKeeper
 from .spec import ParsedSpecs, SpecError
 from .watch import DELETED, Cache, Event, Listing, Reflector, WatchSettings
 
@@ -85,6 +86,7 @@ class Operator:
     gatekeeper: Gatekeeper
     observer: TrafficObserver
     watch_settings: WatchSettings = DEFAULT_WATCH
+    roles: RoleKeeper | None = None
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 
     @classmethod
@@ -99,7 +101,17 @@ class Operator:
         specs = ParsedSpecs()
         recorder = EventRecorder(client)
         pods = PodClient(metrics)
-        reconciler = Reconciler(client, config, recorder, cache, specs)
+        status_writer = PodStatusWriter(client, cache)
+        roles = RoleKeeper(status_writer, pods)
+        reconciler = Reconciler(
+            client,
+            config,
+            recorder,
+            cache,
+            roles=roles,
+            metrics=metrics,
+            specs=specs,
+        )
         controller = Controller(
             reconciler,
             cache.services,
@@ -113,7 +125,7 @@ class Operator:
             await operator.record_pod_event(pod, type_, reason, message)
 
         gatekeeper = Gatekeeper(
-            PodStatusWriter(client, cache),
+            status_writer,
             pods,
             record,
             metrics,
@@ -133,6 +145,7 @@ class Operator:
             gatekeeper,
             observer,
             watch_settings,
+            roles,
         )
         return operator
 
@@ -223,6 +236,8 @@ class Operator:
             if deleted:
                 self.controller.forget(key)
                 self.specs.forget(meta.get("uid"))
+                if self.roles is not None:
+                    self.roles.forget(key)
             else:
                 self.controller.enqueue(key)
             return

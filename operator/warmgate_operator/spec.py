@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmgate_contract import flags
+from warmgate_contract.names import ROLE_LABEL
 
 # The server's values (the contract's), less `auto` for the device and dtype: the operator
 # decides them before the pod exists (a cuda pod requests a GPU; float16 needs cuda).
@@ -219,6 +220,9 @@ class EmbeddingServiceSpec:
     image_pull_policy: str | None = None
     """None: the operator's --server-image-pull-policy."""
     replicas: int = 1
+    standby_replicas: int = 0
+    """Pods kept loaded, warmed and verified but outside the Service, promoted first on a
+    scale-out (roles.py)."""
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     resources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     batching: BatchingSpec = field(default_factory=BatchingSpec)
@@ -244,6 +248,20 @@ class EmbeddingServiceSpec:
         if self.rollout.progress_deadline_seconds is not None:
             return self.rollout.progress_deadline_seconds
         return startup_budget_seconds + 600
+
+    @property
+    def serving_replicas(self) -> int:
+        """Pods that serve: spec.replicas (which the HPA sets through the scale subresource
+        while autoscaling is on, kept within its bounds here)."""
+        if self.autoscaling.enabled:
+            low, high = self.autoscaling.min_replicas, self.autoscaling.max_replicas
+            return max(low, min(high, self.replicas))
+        return self.replicas
+
+    @property
+    def pod_replicas(self) -> int:
+        """The Deployment's replicas: serving pods and the standby pool."""
+        return self.serving_replicas + self.standby_replicas
 
     @property
     def min_pods(self) -> int:
@@ -503,6 +521,7 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         image=raw.get("image") or None,
         image_pull_policy=raw.get("imagePullPolicy") or None,
         replicas=_int(raw, "replicas", 1, "spec"),
+        standby_replicas=_int(raw, "standbyReplicas", 0, "spec"),
         runtime=runtime,
         resources=resources,
         batching=batching,
@@ -547,6 +566,10 @@ def _check(spec: EmbeddingServiceSpec) -> None:
         raise SpecError("spec.runtime.cudaGraphs on needs spec.runtime.device cuda")
     if spec.replicas < 0:
         raise SpecError("spec.replicas must be 0 or more")
+    if spec.standby_replicas < 0:
+        raise SpecError("spec.standbyReplicas must be 0 or more")
+    if ROLE_LABEL in spec.pod_labels:
+        raise SpecError(f"spec.podLabels: {ROLE_LABEL} is the operator's (serving or standby)")
     if spec.autoscaling.enabled and spec.autoscaling.min_replicas > spec.autoscaling.max_replicas:
         raise SpecError("spec.autoscaling.minReplicas must be <= spec.autoscaling.maxReplicas")
     for name, values in (

@@ -20,12 +20,14 @@ from warmgate_contract.names import (
     REASON_MODEL_MISMATCH,
     REASON_REVISION_MISMATCH,
     SERVER_CONTAINER,
+    SPEC_HASH_ANNOTATION,
     WARMED_CONDITION,
 )
 
 from .builders import selector_string
 from .gate import loaded_identity, measured_memory
 from .objects import condition, parse_time
+from .roles import Member, count
 from .spec import EmbeddingServiceSpec
 
 # Waiting reasons that will not fix themselves: a person should look.
@@ -396,15 +398,20 @@ def evaluate(
     """Counts and conditions, without times or generations."""
     live = _live(pods)
     facts = Facts.gather(spec, deployment, live, problem)
+    pool = spec is not None and spec.standby_replicas > 0
+    template = _get(deployment, "spec", "template", "metadata", "annotations", default={})
+    roles = count([Member.of(p, template.get(SPEC_HASH_ANNOTATION)) for p in live], pool)
     counts: dict[str, Any] = {
         "replicas": facts.replicas,
+        "servingReplicas": roles.serving,
+        "standbyReplicas": roles.standby,
         "desiredReplicas": facts.desired,
         "readyReplicas": facts.ready,
         "updatedReplicas": facts.updated,
         "availableReplicas": facts.available,
         "warmedReplicas": facts.warmed,
         "readySummary": f"{facts.ready}/{facts.desired}",
-        "selector": selector_string(name),
+        "selector": selector_string(name, pool),
     }
     model = _serving_model(live)
     if model is not None:

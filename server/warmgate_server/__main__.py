@@ -58,6 +58,7 @@ async def serve(config: ServerConfig) -> int:
     app = create_app(config)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
+    app[RUNTIME].http_server = runner.server
     await web.SockSite(runner, sock).start()
     log.info("listening on http://%s:%d", host, port)
     app[RUNTIME].self_url = _loopback_url(host, port)

@@ -84,7 +84,9 @@ def create_app(
         client_max_size=config.payload_limit,
         middlewares=[
             count_requests,
-            draining.middleware(runtime.connections, lambda: lifecycle.phase == DRAINING),
+            draining.middleware(
+                runtime.connections, lambda: lifecycle.phase == DRAINING or runtime.standby
+            ),
         ],
     )
     app[RUNTIME] = runtime

@@ -40,6 +40,13 @@ class Runtime:
     a few requests there, so the HTTP layer's first uses are paid before /ready too."""
     connections: ConnectionActivity = field(default_factory=ConnectionActivity)
     """Each connection's requests, for closing idle keep-alive connections while draining."""
+    standby: bool = False
+    """The operator made this pod a standby (outside the Service): every response closes its
+    connection and idle keep-alive connections are closed, so pooled clients reconnect through
+    the Service to serving pods. Requests that still come are served as usual."""
+    http_server: web.Server | None = None
+    """The listening server (its open connections), once bound."""
+    standby_closer: asyncio.Task[bool] | None = None
     faults: FaultInjector | None = None
     """Test-only fault injection (WARMGATE_FAULT_INJECTION=1); None otherwise."""
     warmup_token: str = field(default_factory=lambda: secrets.token_hex(16))

@@ -88,11 +88,12 @@ async def close_connections(
     activity: ConnectionActivity,
     idle: Callable[[], bool],
     deadline: float,
+    stop: Callable[[], bool] = lambda: False,
 ) -> bool:
     """Close idle connections as they become idle enough, until nothing is in flight and no
-    connection is open (True), or the deadline (False)."""
+    connection is open (True), or the deadline or `stop()` (False)."""
     closed = 0
-    while True:
+    while not stop():
         now = time.monotonic()
         connections = list(server.connections) if server is not None else []
         for connection in connections:
@@ -113,3 +114,4 @@ async def close_connections(
             )
             return False
         await asyncio.sleep(0.05)
+    return False

@@ -11,11 +11,18 @@ from dataclasses import dataclass, replace
 
 from aiohttp import web
 
-from warmgate_contract.names import COLD_HEADER, POD_HEADER, REVISION_HEADER
+from warmgate_contract.names import (
+    COLD_HEADER,
+    POD_HEADER,
+    REVISION_HEADER,
+    ROLE_PATH,
+    ROLE_SERVING,
+    ROLE_STANDBY,
+)
 
 from . import __version__
 from .context import RUNTIME, Runtime
-from .draining import CLOSE_AFTER
+from .draining import CLOSE_AFTER, close_connections
 from .engine import Engine, Result
 from .errors import ApiError, InputTooLong, InvalidTokenIds, ModelFault, QueueFull, validation
 from .metrics import CONTENT_TYPE
@@ -158,6 +165,44 @@ async def metrics(request: web.Request) -> web.Response:
 async def warmup_profile(request: web.Request) -> web.Response:
     engine = request.app[RUNTIME].engine
     return web.json_response(engine.profile() if engine else {"shapes": []})
+
+
+async def role(request: web.Request) -> web.Response:
+    """The role the operator gave this pod (spec.standbyReplicas): GET reads it, POST
+    `{"role": "serving" | "standby"}` sets it. A standby pod is outside the Service; from now
+    on its responses close their connections and its idle keep-alive connections are closed
+    (draining.py's rules, without /ready changing), so pooled clients reconnect through the
+    Service. Serving again: connections are kept as usual."""
+    runtime = request.app[RUNTIME]
+    if request.method == "POST":
+        try:
+            body = await _read_json(request, 4096)
+        except ApiError as error:
+            return web.json_response({"error": error.message}, status=error.status)
+        wanted = body.get("role") if isinstance(body, dict) else None
+        if wanted not in (ROLE_SERVING, ROLE_STANDBY):
+            message = f'the body must be {{"role": "{ROLE_SERVING}" or "{ROLE_STANDBY}"}}'
+            return web.json_response({"error": message}, status=422)
+        standby = wanted == ROLE_STANDBY
+        if standby != runtime.standby:
+            log.info("role: %s", wanted)
+        runtime.standby = standby
+        if standby and runtime.http_server is not None and runtime.standby_closer is None:
+            runtime.standby_closer = asyncio.create_task(_close_while_standby(runtime))
+    return web.json_response({"role": ROLE_STANDBY if runtime.standby else ROLE_SERVING})
+
+
+async def _close_while_standby(runtime: Runtime) -> None:
+    try:
+        await close_connections(
+            runtime.http_server,
+            runtime.connections,
+            idle=lambda: True,
+            deadline=float("inf"),
+            stop=lambda: not runtime.standby,
+        )
+    finally:
+        runtime.standby_closer = None
 
 
 async def _read_json(request: web.Request, limit: int) -> object:
@@ -427,6 +472,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/ready", ready)
     app.router.add_get("/started", started)
+    app.router.add_get(ROLE_PATH, role)
+    app.router.add_post(ROLE_PATH, role)
     app.router.add_get("/info", info)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)

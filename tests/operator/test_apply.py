@@ -175,7 +175,9 @@ async def test_ensure_absent_deletes_only_own_children() -> None:
     assert client.find(HPA, "default", "minilm") is not None
 
 
-async def test_turning_autoscaling_on_hands_replicas_over_instead_of_resetting_them() -> None:
+async def test_turning_autoscaling_on_keeps_the_pods_spec_replicas_asked_for() -> None:
+    """The HPA scales the EmbeddingService (its scale subresource), never the Deployment: the
+    operator keeps applying the Deployment's replicas, within the HPA's bounds."""
     client = FakeClient()
     await apply.ensure(
         client, DEPLOYMENT, desired(replicas=3).deployment, cached(client, DEPLOYMENT)
@@ -186,13 +188,12 @@ async def test_turning_autoscaling_on_hands_replicas_over_instead_of_resetting_t
         desired(replicas=3, autoscaling={"enabled": True}).deployment,
         cached(client, DEPLOYMENT),
     )
-    assert outcome.action == "updated"
-    patches = [entry for entry in client.log if entry[0] == "PATCH"]
-    assert len(patches) == 3  # create, handover, apply without replicas
-    stored = client.find(DEPLOYMENT, "default", "minilm")
-    assert stored["spec"]["replicas"] == 3
-    held = {m["manager"] for m in stored["metadata"]["managedFields"] if m["fieldsV1"]}
-    assert held == {apply.HANDOVER_FIELD_MANAGER}
+    assert outcome.action == "unchanged"
+    assert client.find(DEPLOYMENT, "default", "minilm")["spec"]["replicas"] == 3
+    bounded = desired(replicas=9, autoscaling={"enabled": True, "maxReplicas": 4})
+    assert bounded.deployment["spec"]["replicas"] == 4
+    pool = desired(replicas=2, standbyReplicas=1)
+    assert pool.deployment["spec"]["replicas"] == 3
 
 
 json_values = st.recursive(

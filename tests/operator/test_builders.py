@@ -50,6 +50,23 @@ def check_golden(name: str, obj: dict[str, Any]) -> None:
     assert yaml.safe_load(path.read_text()) == obj, f"{name} differs; UPDATE_GOLDEN=1 rewrites it"
 
 
+def test_a_standby_pool_adds_pods_and_the_service_selects_serving_ones() -> None:
+    plain = children()
+    assert "warmgate.dev/role" not in plain.service["spec"]["selector"]
+    pooled = children(standbyReplicas=1)
+    assert pooled.deployment["spec"]["replicas"] == 3
+    assert pooled.service["spec"]["selector"]["warmgate.dev/role"] == "serving"
+    # The pods' template carries no role: the operator gives each Ready pod its own.
+    labels = pooled.deployment["spec"]["template"]["metadata"]["labels"]
+    assert "warmgate.dev/role" not in labels
+    assert pooled.deployment["spec"]["selector"] == plain.deployment["spec"]["selector"]
+    autoscaled = children(
+        standbyReplicas=2,
+        **{"autoscaling.enabled": True, "autoscaling.minReplicas": 3, "replicas": 1},
+    )
+    assert autoscaled.deployment["spec"]["replicas"] == 5
+
+
 def test_deployment_matches_golden_file() -> None:
     check_golden("deployment-minilm.yaml", children().deployment)
 
@@ -387,15 +404,15 @@ def test_service_forwards_its_port_to_http() -> None:
     assert "nodePort" not in children(**{"service.type": "ClusterIP"}).service["spec"]["ports"][0]
 
 
-def test_autoscaling_leaves_replicas_to_the_hpa() -> None:
+def test_the_hpa_scales_the_embedding_service_and_the_operator_sizes_the_deployment() -> None:
     off = children()
     assert off.deployment["spec"]["replicas"] == 2
     assert off.hpa is None
     on = children(**{"autoscaling.enabled": True, "autoscaling.minReplicas": 2})
-    assert "replicas" not in on.deployment["spec"]
+    assert on.deployment["spec"]["replicas"] == 2
     assert on.hpa["spec"]["scaleTargetRef"] == {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "apiVersion": "warmgate.dev/v1alpha1",
+        "kind": "EmbeddingService",
         "name": "minilm",
     }
     assert on.hpa["spec"]["minReplicas"] == 2

@@ -60,7 +60,19 @@ def test_names_scope_and_subresources() -> None:
 
 def test_printer_columns() -> None:
     columns = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
-    assert list(columns) == ["Model", "Revision", "Commit", "Ready", "Warmed", "Reason", "Age"]
+    assert list(columns) == [
+        "Model",
+        "Revision",
+        "Commit",
+        "Ready",
+        "Serving",
+        "Standby",
+        "Warmed",
+        "Reason",
+        "Age",
+    ]
+    assert columns["Serving"]["jsonPath"] == ".status.servingReplicas"
+    assert columns["Standby"]["jsonPath"] == ".status.standbyReplicas"
     assert columns["Commit"]["jsonPath"] == ".status.model.commit"
     assert columns["Ready"]["jsonPath"] == ".status.readySummary"
     assert columns["Warmed"]["jsonPath"] == ".status.warmedReplicas"

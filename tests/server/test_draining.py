@@ -79,3 +79,58 @@ def test_sigterm_closes_keep_alive_connections_without_losing_a_request(minilm_d
         idle.close()
         assert server.wait(timeout=30) == 0
         assert "drained cleanly" in server.log()
+
+
+def test_a_standby_server_sends_its_keep_alive_clients_away_and_still_serves(
+    minilm_dir: Path,
+) -> None:
+    """POST /role standby (the operator demoting a pod out of the Service): every response
+    closes its connection, an idle keep-alive connection is closed by the server, requests
+    that still come are served, /ready stays 200; serving again keeps connections."""
+    with ServerProcess(["--model", str(minilm_dir), *ARGS]) as server:
+        server.wait_ready(300)
+        address = urlsplit(server.url)
+        idle = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+        idle.request("GET", "/healthz")
+        idle.getresponse().read()
+        sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        before = sdk.embeddings.with_raw_response.create(model=minilm_dir.name, input=["a"])
+        assert before.headers.get("connection") != "close"
+
+        control = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+        control.request("POST", "/role", body=b'{"role": "standby"}')
+        answer = control.getresponse()
+        assert (answer.status, answer.read()) == (200, b'{"role": "standby"}')
+        control.close()
+
+        # The SDK's pooled connection: served, and told to reconnect.
+        during = sdk.embeddings.with_raw_response.create(model=minilm_dir.name, input=["b"])
+        assert len(during.parse().data[0].embedding) == 384
+        assert during.headers.get("connection") == "close"
+        assert idle.sock is not None
+        idle.sock.settimeout(10)
+        assert idle.sock.recv(1) == b""  # closed by the server once idle
+        idle.close()
+        ready = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+        ready.request("GET", "/ready")
+        assert ready.getresponse().status == 200
+        ready.close()
+
+        bad = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+        bad.request("POST", "/role", body=b'{"role": "spare"}')
+        refused = bad.getresponse()
+        assert refused.status == 422
+        assert "serving" in refused.read().decode()
+        bad.close()
+
+        control = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+        control.request("POST", "/role", body=b'{"role": "serving"}')
+        assert control.getresponse().read() == b'{"role": "serving"}'
+        control.close()
+        after = [
+            sdk.embeddings.with_raw_response.create(model=minilm_dir.name, input=["c"])
+            for _ in range(2)
+        ]
+        assert [r.headers.get("connection") for r in after] != ["close", "close"]
+        assert after[-1].headers.get("connection") != "close"
+        sdk.close()

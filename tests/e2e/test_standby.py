@@ -1,0 +1,217 @@
+"""Standby pods end to end on the real node (spec.standbyReplicas): warm, verified pods kept
+outside the Service; `kubectl scale` promotes one within a second or two (the Service's
+EndpointSlice has the new endpoint), a new standby pod warms behind it; a scale-in turns a
+serving pod into a standby one whose pooled keep-alive clients are told to reconnect; a model
+reload replaces the pool too. Clients: the OpenAI SDK at its defaults with retries off, through
+the Service's node port."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import openai
+import pytest
+
+from warmgate_contract.names import ROLE_LABEL
+from warmgate_devcluster.testkit import (
+    embedding_service,
+    node_port,
+    p_revision,
+    wait_ready,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@dataclass
+class Answer:
+    at: float
+    pod: str | None
+    revision: str | None
+    cold: str | None
+    connection: str | None
+
+
+@dataclass
+class PooledLoad:
+    answers: list[Answer] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def pods_since(self, moment: float) -> set[str | None]:
+        return {a.pod for a in self.answers if a.at >= moment}
+
+
+@contextmanager
+def pooled_load(kube, name: str, threads: int = 2) -> Iterator[PooledLoad]:
+    """`threads` threads sharing one OpenAI SDK client (one httpx pool, keep-alive), retries
+    off, each sending one request after another."""
+    url = f"http://{kube.devcluster.node_ip}:{node_port(kube, name)}/v1"
+    sdk = openai.OpenAI(base_url=url, api_key="not-needed", max_retries=0, timeout=30)
+    load = PooledLoad()
+    stop = threading.Event()
+
+    def send() -> None:
+        while not stop.is_set():
+            try:
+                raw = sdk.embeddings.with_raw_response.create(model=MODEL, input="stand by me")
+                assert len(raw.parse().data[0].embedding) == 384
+                headers = raw.headers
+                load.answers.append(
+                    Answer(
+                        time.monotonic(),
+                        headers.get("x-warmgate-pod"),
+                        headers.get("x-warmgate-revision"),
+                        headers.get("x-warmgate-cold"),
+                        headers.get("connection"),
+                    )
+                )
+            except Exception as error:
+                load.errors.append(f"{time.monotonic():.1f} {type(error).__name__}: {error}")
+            time.sleep(0.02)
+
+    workers = [threading.Thread(target=send) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    try:
+        yield load
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(60)
+        sdk.close()
+
+
+def live_pods(kube, name: str) -> list[dict]:
+    return [p for p in kube.pods(name) if not p["metadata"].get("deletionTimestamp")]
+
+
+def role(pod: dict) -> str | None:
+    return (pod["metadata"].get("labels") or {}).get(ROLE_LABEL)
+
+
+def ready_endpoints(kube, name: str) -> set[str]:
+    """The pod names the Service's EndpointSlices route to (ready endpoints only)."""
+    slices = kube.get("endpointslices", selector=f"kubernetes.io/service-name={name}")
+    return {
+        endpoint["targetRef"]["name"]
+        for item in (slices or {}).get("items", [])
+        for endpoint in item.get("endpoints") or []
+        if (endpoint.get("conditions") or {}).get("ready") and endpoint.get("targetRef")
+    }
+
+
+def wait_pool(kube, name: str, serving: int, standby: int, timeout: float = 300) -> dict:
+    """Until the status counts `serving` and `standby` pods, and the labels agree."""
+
+    def settled() -> dict | None:
+        emb = kube.get("embeddingservice", name) or {}
+        status = emb.get("status") or {}
+        if (status.get("servingReplicas"), status.get("standbyReplicas")) != (serving, standby):
+            return None
+        roles = sorted(str(role(p)) for p in live_pods(kube, name))
+        return emb if roles == sorted(["serving"] * serving + ["standby"] * standby) else None
+
+    return wait_until(settled, timeout, f"{serving} serving and {standby} standby pods of {name}")
+
+
+def test_kubectl_scale_promotes_the_standby_pod_at_once_and_a_scale_in_sends_clients_away(
+    kube, operator, report
+) -> None:
+    kube.apply(embedding_service("pool", "v1", standbyReplicas=1))
+    wait_ready(kube, "pool", "v1", replicas=3, timeout=420)
+    emb = wait_pool(kube, "pool", serving=2, standby=1)
+    assert emb["spec"]["standbyReplicas"] == 1
+    (spare,) = [p for p in live_pods(kube, "pool") if role(p) == "standby"]
+    spare_name = spare["metadata"]["name"]
+    # The standby pod passed the warm gate (it is Ready) but the Service does not route to it.
+    assert ready_endpoints(kube, "pool") == {
+        p["metadata"]["name"] for p in live_pods(kube, "pool") if role(p) == "serving"
+    }
+    assert emb["status"]["selector"].endswith(f"{ROLE_LABEL}=serving")
+
+    with pooled_load(kube, "pool") as load:
+        wait_until(lambda: len(load.answers) >= 20, 60, "20 answers")
+        assert spare_name not in {a.pod for a in load.answers}
+        commanded = time.monotonic()
+        kube.run("scale", "embeddingservice/pool", "--replicas=3")
+        wait_until(
+            lambda: spare_name in ready_endpoints(kube, "pool"),
+            30,
+            "the standby pod in the Service's endpoints",
+            every=0.05,
+        )
+        promoted_after = time.monotonic() - commanded
+        # A new standby pod starts, warms and passes the gate behind it.
+        emb = wait_pool(kube, "pool", serving=3, standby=1, timeout=300)
+        last = emb["status"]["lastScaleOut"]
+        report(
+            f"standby: kubectl scale 2->3 to the standby pod in the endpoints: "
+            f"{promoted_after:.2f}s; status.lastScaleOut {last['seconds']}s "
+            f"(standbyPromoted={last['standbyPromoted']})"
+        )
+        assert promoted_after <= 2.0
+        assert last["standbyPromoted"] is True and (last["fromReplicas"], last["toReplicas"]) == (
+            2,
+            3,
+        )
+
+        # Scale in: one serving pod becomes standby, its pooled connections are told to go.
+        serving_before = {p["metadata"]["name"] for p in live_pods(kube, "pool")}
+        demanded = time.monotonic()
+        kube.run("scale", "embeddingservice/pool", "--replicas=2")
+        wait_pool(kube, "pool", serving=2, standby=1, timeout=120)
+        wait_until(lambda: len(ready_endpoints(kube, "pool")) == 2, 30, "two endpoints")
+        # kube-proxy's rules follow the EndpointSlice within a second or two.
+        settled = time.monotonic() + 3.0
+        wait_until(
+            lambda: sum(1 for a in load.answers if a.at >= settled) >= 20,
+            60,
+            "20 answers after the scale-in settled",
+        )
+    assert not load.errors, load.errors[:5]
+    assert not [a for a in load.answers if a.cold != "0"]
+    serving_now = ready_endpoints(kube, "pool")
+    # Every answer since is from a serving pod: the demoted one's clients reconnected.
+    recent = load.pods_since(settled)
+    assert recent and recent <= serving_now, (recent, serving_now)
+    assert len(live_pods(kube, "pool")) == 3  # the pool kept, nothing else deleted
+    closes = [a for a in load.answers if a.at >= demanded and a.connection == "close"]
+    report(
+        f"standby: scale-in 3->2 with pooled clients: {len(closes)} answers told the client "
+        f"to reconnect, 0 failed; pods before {len(serving_before)}, after "
+        f"{len(live_pods(kube, 'pool'))}"
+    )
+
+
+def test_a_reload_replaces_the_standby_pool_with_no_failed_or_cold_request(kube, operator) -> None:
+    kube.apply(embedding_service("poolreload", "v1", standbyReplicas=1))
+    wait_ready(kube, "poolreload", "v1", replicas=3, timeout=420)
+    wait_pool(kube, "poolreload", serving=2, standby=1)
+    with pooled_load(kube, "poolreload") as load:
+        wait_until(lambda: len(load.answers) >= 20, 60, "20 answers")
+        kube.patch("embeddingservice", "poolreload", {"spec": {"model": {"revision": "v2"}}})
+        wait_ready(kube, "poolreload", "v2", replicas=3, timeout=600)
+        wait_until(
+            lambda: {p_revision(pod) for pod in kube.pods("poolreload")} == {"v2"},
+            120,
+            "the old pods gone",
+        )
+        wait_pool(kube, "poolreload", serving=2, standby=1)
+        done = time.monotonic()
+        count = len(load.answers)
+        wait_until(lambda: len(load.answers) >= count + 20, 60, "20 answers after the rollout")
+    assert not load.errors, load.errors[:5]
+    assert not [a for a in load.answers if a.cold != "0"]
+    revisions = [a.revision for a in load.answers]
+    assert revisions[0] == "v1"
+    assert {a.revision for a in load.answers if a.at >= done} == {"v2"}
+    pods = live_pods(kube, "poolreload")
+    assert len(pods) == 3 and {p_revision(p) for p in pods} == {"v2"}
+    assert sorted(str(role(p)) for p in pods) == ["serving", "serving", "standby"]
