@@ -138,6 +138,11 @@ bench-server-infinity: ## Install Infinity into its own venv (~/.cache/warmgate/
 	$(PYTHON) -m venv $(HOME)/.cache/warmgate/infinity-venv
 	$(HOME)/.cache/warmgate/infinity-venv/bin/pip install --quiet "infinity-emb[server,torch]==0.0.78" torch==2.15.0
 
+.PHONY: bench-scaleout
+bench-scaleout: ## Decision to capacity on a scale-out, with and without a standby pod, two models
+	+$(preflight)
+	$(PY) bench/scaleout/bench_scaleout.py
+
 .PHONY: bench-operator
 bench-operator: ## 200 EmbeddingServices, then a 200-pod gated rollout among 10,000 other pods
 	+$(preflight)

@@ -26,7 +26,6 @@ from .kube import ResourceKind
 log = logging.getLogger("warmgate.apply")
 
 
-
 class Client(Protocol):
     async def get(self, kind: ResourceKind, namespace: str, name: str) -> dict | None: ...
     async def apply(self, kind: ResourceKind, obj: Mapping, field_manager: str) -> dict: ...

@@ -1,10 +1,10 @@
 """Autoscaling end to end on the real node: load through the Service raises the pods' CPU
-(kubelet's cgroups, read by metrics-server), the HPA the operator made scales the Deployment
-out, the new pod serves only once it has passed the warm gate (no cold hit, no failed
-request), and the load ending scales it back in after the CRD's scale-down stabilization
-window. The test reports the timeline (in the run's summary, and in its output when it
-fails): scale-out decision, new pod warm, Ready, first request served by it, beside the pod's
-own warmup time."""
+(kubelet's cgroups, read by metrics-server), the HPA the operator made scales the
+EmbeddingService out, the new pod (or, with a standby pool, the promoted standby pod) serves
+only once it has passed the warm gate (no cold hit, no failed request), and the load ending
+scales it back in after the CRD's scale-down stabilization window. The tests report the
+timeline (in the run's summary, and in their output when they fail): scale-out decision, new
+pod warm, Ready, first request served by it, beside the pod's own warmup time."""
 
 from __future__ import annotations
 
@@ -34,6 +34,12 @@ RATE = 25.0
 
 def epoch(timestamp: str) -> float:
     return float(calendar.timegm(time.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ")))
+
+
+def parse_micro(timestamp: str) -> float:
+    """A MicroTime (`...T10:00:00.123456Z`) as Unix time."""
+    whole, _, fraction = timestamp.rstrip("Z").partition(".")
+    return epoch(whole + "Z") + float(f"0.{fraction or 0}")
 
 
 def container_started(pod: dict) -> str:
@@ -126,3 +132,87 @@ def test_load_scales_out_through_the_warm_gate_and_idles_back_in(kube, operator,
     scaled_in_after = time.monotonic() - ended
     assert scaled_in_after >= SCALE_DOWN_WINDOW
     report(f"  scaled back in {scaled_in_after:.0f}s after the load ended")
+
+
+def test_load_scales_out_onto_the_standby_pod_and_a_new_one_warms_behind_it(kube, operator, report):
+    """spec.standbyReplicas 1: the HPA (which sees the serving pod only) scales the
+    EmbeddingService out, the operator promotes the standby pod, which serves at once, and a
+    new standby pod starts, warms and passes the gate behind it."""
+    kube.apply(
+        embedding_service(
+            "standby-scaler",
+            "v1",
+            replicas=1,
+            standbyReplicas=1,
+            resources={"requests": {"cpu": "100m", "memory": "512Mi"}},
+            autoscaling={
+                "enabled": True,
+                "minReplicas": 1,
+                "maxReplicas": 2,
+                "targetCPUUtilizationPercentage": 50,
+                "scaleUp": {"stabilizationWindowSeconds": 0},
+                "scaleDown": {"stabilizationWindowSeconds": 600},
+            },
+        )
+    )
+    wait_ready(kube, "standby-scaler", "v1", replicas=2)
+
+    def roles() -> dict[str, str | None]:
+        return {
+            p["metadata"]["name"]: (p["metadata"].get("labels") or {}).get("warmgate.dev/role")
+            for p in kube.pods("standby-scaler")
+            if not p["metadata"].get("deletionTimestamp")
+        }
+
+    def pool() -> dict[str, str | None] | None:
+        found = roles()
+        return found if sorted(map(str, found.values())) == ["serving", "standby"] else None
+
+    found = wait_until(pool, 60, "the pool")
+    (spare,) = [name for name, role in found.items() if role != "serving"]
+    hpa = wait_until(lambda: kube.get("hpa", "standby-scaler"), 30, "the HPA")
+    assert hpa["spec"]["scaleTargetRef"]["kind"] == "EmbeddingService"
+    selector = kube.get("embeddingservice", "standby-scaler")["status"]["selector"]
+    assert selector.endswith("warmgate.dev/role=serving")  # what the HPA averages CPU over
+
+    with ConstantRateLoad(
+        service_url(kube, "standby-scaler"), rate=RATE, networks=kube.devcluster.networks
+    ) as load:
+        wait_until(
+            lambda: any(s.pod == spare for s in load.report.samples),
+            420,
+            "a request answered by the promoted standby pod",
+        )
+        promoted_served = min(s.started for s in load.report.samples if s.pod == spare)
+        # A new standby pod warms behind it.
+
+        def refilled() -> dict | None:
+            emb = kube.get("embeddingservice", "standby-scaler") or {}
+            status = emb.get("status") or {}
+            counts = (status.get("servingReplicas"), status.get("standbyReplicas"))
+            return emb if counts == (2, 1) and status.get("lastScaleOut") else None
+
+        emb = wait_until(refilled, 300, "two serving pods and a new standby pod")
+    samples, load_started = load.report, load.started_wall
+    assert not samples.failed, samples.failed[:5]
+    assert not samples.cold, samples.cold[:5]
+
+    hpa = kube.get("hpa", "standby-scaler")
+    scaled_out = epoch(hpa["status"]["lastScaleTime"])
+    last = emb["status"]["lastScaleOut"]
+    assert last["standbyPromoted"] is True
+    timeline = {
+        "scale-out decision (HPA lastScaleTime)": scaled_out - load_started,
+        "standby pod serving (status.lastScaleOut.capacityAt)": parse_micro(last["capacityAt"])
+        - load_started,
+        "first request served by it": promoted_served,
+    }
+    report("autoscaling with a standby pod, seconds after the load began:")
+    for what, seconds in timeline.items():
+        report(f"  {seconds:6.1f}  {what}")
+    report(
+        f"  decision to first request served: {promoted_served + load_started - scaled_out:.1f}s"
+        f" (operator: {last['seconds']}s from seeing the decision to the pod serving)"
+    )
+    # Whole-second HPA timestamp: the promoted pod served within 2 s of the decision.
+    assert promoted_served + load_started - scaled_out <= 3.0

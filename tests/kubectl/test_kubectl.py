@@ -95,14 +95,16 @@ def test_kubectl_wait_for_ready(devcluster: Any, ns: str, minilm: str) -> None:
     assert "condition met" in result.stdout
 
 
-def test_kubectl_get_shows_model_ready_warmed_reason_and_age(
+def test_kubectl_get_shows_model_ready_serving_standby_warmed_reason_and_age(
     devcluster: Any, ns: str, ready: str
 ) -> None:
     table = devcluster.kubectl("get", "emb", ready, "-n", ns).stdout.splitlines()
-    assert table[0].split() == ["NAME", "MODEL", "READY", "WARMED", "REASON", "AGE"]
-    name, model, ready_column, warmed, reason, age = table[1].split()
-    assert (name, model, ready_column, warmed, reason) == (
-        ready, MODEL, "1/1", "1", "AllReplicasReady"
+    assert table[0].split() == [
+        "NAME", "MODEL", "READY", "SERVING", "STANDBY", "WARMED", "REASON", "AGE"
+    ]  # fmt: skip
+    name, model, ready_column, serving, standby, warmed, reason, age = table[1].split()
+    assert (name, model, ready_column, serving, standby, warmed, reason) == (
+        ready, MODEL, "1/1", "1", "0", "1", "AllReplicasReady"
     )  # fmt: skip
     assert re.fullmatch(r"\d+[smhd]\w*", age), age
     wide = devcluster.kubectl("get", "embeddingservices", "-n", ns, "-o", "wide").stdout

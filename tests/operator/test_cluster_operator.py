@@ -239,26 +239,43 @@ def test_autoscaling_toggle(devcluster: Any, namespace: str, operator: Any) -> N
     )
     hpa = wait_child(devcluster, "hpa", namespace, "minilm")
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 5)
-    assert hpa["spec"]["scaleTargetRef"]["name"] == "minilm"
+    # The HPA scales the EmbeddingService (its scale subresource: serving pods only), and the
+    # operator sizes the Deployment from spec.replicas.
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "warmgate.dev/v1alpha1",
+        "kind": "EmbeddingService",
+        "name": "minilm",
+    }
     assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
     assert controller_ref(hpa)["kind"] == "EmbeddingService"
+    assert child(devcluster, "deployment", namespace, "minilm")["spec"]["replicas"] == 2
 
-    def released() -> dict[str, Any] | None:
-        dep = child(devcluster, "deployment", namespace, "minilm")
-        for entry in dep["metadata"]["managedFields"]:
-            if entry["manager"] == "warmgate" and "f:replicas" in entry["fieldsV1"].get(
-                "f:spec", {}
-            ):
-                return None
-        return dep
+    # A decision through the scale subresource (what the HPA writes) sizes the Deployment,
+    # the standby pool on top of it; the Deployment itself is the operator's to size.
+    devcluster.kubectl("scale", "emb/minilm", "-n", namespace, "--replicas=4")
+    wait_until(
+        lambda: child(devcluster, "deployment", namespace, "minilm")["spec"]["replicas"] == 4,
+        what="the Deployment at the scale's 4",
+    )
+    patch(devcluster, namespace, "minilm", {"standbyReplicas": 1})
+    wait_until(
+        lambda: child(devcluster, "deployment", namespace, "minilm")["spec"]["replicas"] == 5,
+        what="4 serving + 1 standby",
+    )
+    service = child(devcluster, "service", namespace, "minilm")
+    assert service["spec"]["selector"]["warmgate.dev/role"] == "serving"
 
-    dep = wait_until(released, what="warmgate to stop owning spec.replicas")
-    assert dep["spec"]["replicas"] == 2  # handed over, not reset to 1
+    def serving_selector() -> dict[str, Any] | None:
+        es = get_json(devcluster, "emb", "minilm", "-n", namespace)
+        return es if "warmgate.dev/role=serving" in es["status"].get("selector", "") else None
 
-    # The HPA's decision stands: the operator never writes the replica count back.
-    devcluster.kubectl("scale", "deployment", "minilm", "-n", namespace, "--replicas=4")
-    time.sleep(3 * float(RESYNC) + 1)
-    assert child(devcluster, "deployment", namespace, "minilm")["spec"]["replicas"] == 4
+    es = wait_until(serving_selector, what="the scale selector to name serving pods")
+    assert es["status"]["desiredServingReplicas"] == 4
+    devcluster.kubectl("scale", "deployment", "minilm", "-n", namespace, "--replicas=1")
+    wait_until(
+        lambda: child(devcluster, "deployment", namespace, "minilm")["spec"]["replicas"] == 5,
+        what="the operator to size the Deployment again",
+    )
     assert child(devcluster, "pdb", namespace, "minilm") is not None
 
     patch(devcluster, namespace, "minilm", {"autoscaling": {"enabled": False}})
@@ -266,8 +283,8 @@ def test_autoscaling_toggle(devcluster: Any, namespace: str, operator: Any) -> N
         lambda: child(devcluster, "hpa", namespace, "minilm") is None, what="HPA to be deleted"
     )
     wait_until(
-        lambda: child(devcluster, "deployment", namespace, "minilm")["spec"]["replicas"] == 2,
-        what="spec.replicas back in charge",
+        lambda: child(devcluster, "deployment", namespace, "minilm")["spec"]["replicas"] == 5,
+        what="spec.replicas (4) and the pool (1) still in charge",
     )
 
 

@@ -167,9 +167,7 @@ def test_a_scale_out_is_timed_from_the_decision_to_the_capacity() -> None:
 def test_a_scale_out_bigger_than_the_pool_says_so_and_a_first_status_decides_nothing() -> None:
     short = {"desiredServingReplicas": 2, "standbyReplicas": 1}
     assert not track_scale_out(short, 4, {}, now=1.0)["scaleOut"]["standbyPromoted"]
-    assert track_scale_out({}, 4, {"servingReplicas": 0}, now=1.0) == {
-        "desiredServingReplicas": 4
-    }
+    assert track_scale_out({}, 4, {"servingReplicas": 0}, now=1.0) == {"desiredServingReplicas": 4}
     # A scale-in while one is pending: done once as many serve as are now wanted.
     pending = track_scale_out(short, 4, {"servingReplicas": 2}, now=1.0)
     shrunk = track_scale_out({**short, **pending}, 2, {"servingReplicas": 2}, now=2.0)
