@@ -144,6 +144,7 @@ async def _record_changes(
 
 
 async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult:
+    seen = ctx.now()  # when this reconcile saw the spec (a scale-out's decision, if it is one)
     meta = body["metadata"]
     if meta.get("deletionTimestamp"):
         # Children go with their owner through garbage collection; nothing to do.
@@ -182,7 +183,7 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
     status = compute_status(spec, body, deployment, pods, ctx.clock(), problem)
     if spec is not None:
         scale_out = track_scale_out(
-            body.get("status") or {}, spec.serving_replicas, status, ctx.now()
+            body.get("status") or {}, spec.serving_replicas, status, ctx.now(), seen
         )
         status.update(scale_out)
         done = scale_out.get("lastScaleOut") or {}
@@ -241,12 +242,17 @@ async def _adopt_hpa_replicas(
 
 
 def track_scale_out(
-    previous: Mapping[str, Any], wanted: int, status: Mapping[str, Any], now: float
+    previous: Mapping[str, Any],
+    wanted: int,
+    status: Mapping[str, Any],
+    now: float,
+    seen: float | None = None,
 ) -> dict[str, Any]:
     """The status fields that time each scale-out from the decision (the operator seeing more
-    serving pods wanted: the HPA's write or a `kubectl scale`) to the capacity (that many pods
-    serving): `desiredServingReplicas`, `scaleOut` while one is under way, `lastScaleOut` once
-    done. `standbyPromoted`: whether the pool had a pod for each one added."""
+    serving pods wanted, at `seen`: the HPA's write or a `kubectl scale`) to the capacity (that
+    many pods serving, as of `now`): `desiredServingReplicas`, `scaleOut` while one is under
+    way, `lastScaleOut` once done. `standbyPromoted`: whether the pool had a pod for each one
+    added."""
     fields: dict[str, Any] = {"desiredServingReplicas": wanted}
     if previous.get("lastScaleOut"):
         fields["lastScaleOut"] = previous["lastScaleOut"]
@@ -256,7 +262,7 @@ def track_scale_out(
         pending = {
             "fromReplicas": before,
             "toReplicas": wanted,
-            "decidedAt": micro_time(datetime.fromtimestamp(now, UTC)),
+            "decidedAt": micro_time(datetime.fromtimestamp(now if seen is None else seen, UTC)),
             "standbyPromoted": int(previous.get("standbyReplicas") or 0) >= wanted - before,
         }
     if not pending:

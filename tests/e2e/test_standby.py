@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import openai
 import pytest
 
-from warmgate_contract.names import ROLE_LABEL
+from warmgate_contract.names import ROLE_LABEL, SERVER_PORT, SPEC_HASH_ANNOTATION
 from warmgate_devcluster.testkit import (
     embedding_service,
     node_port,
@@ -24,10 +24,13 @@ from warmgate_devcluster.testkit import (
     wait_ready,
     wait_until,
 )
+from warmgate_operator.roles import Member, assign
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+# Serving, standby and a surge or refill pod side by side on the 2-core node: small requests.
+SMALL = {"requests": {"cpu": "100m", "memory": "512Mi"}}
 
 
 @dataclass
@@ -48,11 +51,14 @@ class PooledLoad:
         return {a.pod for a in self.answers if a.at >= moment}
 
 
+def through_service(kube, name: str) -> str:
+    return f"http://{kube.devcluster.node_ip}:{node_port(kube, name)}/v1"
+
+
 @contextmanager
-def pooled_load(kube, name: str, threads: int = 2) -> Iterator[PooledLoad]:
+def pooled_load(url: str, threads: int = 2) -> Iterator[PooledLoad]:
     """`threads` threads sharing one OpenAI SDK client (one httpx pool, keep-alive), retries
-    off, each sending one request after another."""
-    url = f"http://{kube.devcluster.node_ip}:{node_port(kube, name)}/v1"
+    off, each sending one request after another to `url`."""
     sdk = openai.OpenAI(base_url=url, api_key="not-needed", max_retries=0, timeout=30)
     load = PooledLoad()
     stop = threading.Event()
@@ -124,7 +130,7 @@ def wait_pool(kube, name: str, serving: int, standby: int, timeout: float = 300)
 def test_kubectl_scale_promotes_the_standby_pod_at_once_and_a_scale_in_sends_clients_away(
     kube, operator, report
 ) -> None:
-    kube.apply(embedding_service("pool", "v1", standbyReplicas=1))
+    kube.apply(embedding_service("pool", "v1", standbyReplicas=1, resources=SMALL))
     wait_ready(kube, "pool", "v1", replicas=3, timeout=420)
     emb = wait_pool(kube, "pool", serving=2, standby=1)
     assert emb["spec"]["standbyReplicas"] == 1
@@ -136,7 +142,7 @@ def test_kubectl_scale_promotes_the_standby_pod_at_once_and_a_scale_in_sends_cli
     }
     assert emb["status"]["selector"].endswith(f"{ROLE_LABEL}=serving")
 
-    with pooled_load(kube, "pool") as load:
+    with pooled_load(through_service(kube, "pool")) as load:
         wait_until(lambda: len(load.answers) >= 20, 60, "20 answers")
         assert spare_name not in {a.pod for a in load.answers}
         commanded = time.monotonic()
@@ -163,18 +169,34 @@ def test_kubectl_scale_promotes_the_standby_pod_at_once_and_a_scale_in_sends_cli
         )
 
         # Scale in: one serving pod becomes standby, its pooled connections are told to go.
-        serving_before = {p["metadata"]["name"] for p in live_pods(kube, "pool")}
-        demanded = time.monotonic()
-        kube.run("scale", "embeddingservice/pool", "--replicas=2")
-        wait_pool(kube, "pool", serving=2, standby=1, timeout=120)
-        wait_until(lambda: len(ready_endpoints(kube, "pool")) == 2, 30, "two endpoints")
-        # kube-proxy's rules follow the EndpointSlice within a second or two.
-        settled = time.monotonic() + 3.0
-        wait_until(
-            lambda: sum(1 for a in load.answers if a.at >= settled) >= 20,
-            60,
-            "20 answers after the scale-in settled",
-        )
+        # Which one, by the operator's own ranking: a second pooled client keeps a connection
+        # open to it (its address, directly), as a client routed there by kube-proxy would.
+        pods = live_pods(kube, "pool")
+        template = kube.get("deployment", "pool")["spec"]["template"]["metadata"]["annotations"]
+        members = [Member.of(p, template[SPEC_HASH_ANNOTATION]) for p in pods]
+        after_scale_in = assign(members, 2)
+        (demoted,) = [
+            m.name for m in members if m.role == "serving" and after_scale_in[m.name] == "standby"
+        ]
+        (demoted_ip,) = [p["status"]["podIP"] for p in pods if p["metadata"]["name"] == demoted]
+        with pooled_load(f"http://{demoted_ip}:{SERVER_PORT}/v1", threads=1) as pinned:
+            wait_until(lambda: len(pinned.answers) >= 5, 30, "answers on the pinned connection")
+            demanded = time.monotonic()
+            kube.run("scale", "embeddingservice/pool", "--replicas=2")
+            wait_pool(kube, "pool", serving=2, standby=1, timeout=120)
+            wait_until(lambda: len(ready_endpoints(kube, "pool")) == 2, 30, "two endpoints")
+            # kube-proxy's rules follow the EndpointSlice within a second or two.
+            settled = time.monotonic() + 3.0
+            wait_until(
+                lambda: sum(1 for a in load.answers if a.at >= settled) >= 20,
+                60,
+                "20 answers after the scale-in settled",
+            )
+    assert demoted not in ready_endpoints(kube, "pool")
+    assert not pinned.errors, pinned.errors[:5]
+    told = [a for a in pinned.answers if a.at >= demanded and a.connection == "close"]
+    assert told, "the demoted pod never told its keep-alive client to reconnect"
+    assert {a.pod for a in pinned.answers} == {demoted}  # and served it all the same
     assert not load.errors, load.errors[:5]
     assert not [a for a in load.answers if a.cold != "0"]
     serving_now = ready_endpoints(kube, "pool")
@@ -182,19 +204,18 @@ def test_kubectl_scale_promotes_the_standby_pod_at_once_and_a_scale_in_sends_cli
     recent = load.pods_since(settled)
     assert recent and recent <= serving_now, (recent, serving_now)
     assert len(live_pods(kube, "pool")) == 3  # the pool kept, nothing else deleted
-    closes = [a for a in load.answers if a.at >= demanded and a.connection == "close"]
     report(
-        f"standby: scale-in 3->2 with pooled clients: {len(closes)} answers told the client "
-        f"to reconnect, 0 failed; pods before {len(serving_before)}, after "
-        f"{len(live_pods(kube, 'pool'))}"
+        f"standby: scale-in 3->2: {demoted} demoted; its pinned keep-alive client was told to "
+        f"reconnect {len(told)} times, 0 failed; the Service's clients: {len(load.answers)} "
+        f"answers, 0 failed, every one since from the 2 serving pods"
     )
 
 
 def test_a_reload_replaces_the_standby_pool_with_no_failed_or_cold_request(kube, operator) -> None:
-    kube.apply(embedding_service("poolreload", "v1", standbyReplicas=1))
+    kube.apply(embedding_service("poolreload", "v1", standbyReplicas=1, resources=SMALL))
     wait_ready(kube, "poolreload", "v1", replicas=3, timeout=420)
     wait_pool(kube, "poolreload", serving=2, standby=1)
-    with pooled_load(kube, "poolreload") as load:
+    with pooled_load(through_service(kube, "poolreload")) as load:
         wait_until(lambda: len(load.answers) >= 20, 60, "20 answers")
         kube.patch("embeddingservice", "poolreload", {"spec": {"model": {"revision": "v2"}}})
         wait_ready(kube, "poolreload", "v2", replicas=3, timeout=600)

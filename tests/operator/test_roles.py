@@ -172,3 +172,10 @@ def test_a_scale_out_bigger_than_the_pool_says_so_and_a_first_status_decides_not
     pending = track_scale_out(short, 4, {"servingReplicas": 2}, now=1.0)
     shrunk = track_scale_out({**short, **pending}, 2, {"servingReplicas": 2}, now=2.0)
     assert shrunk["lastScaleOut"]["seconds"] == pytest.approx(1.0)
+
+
+def test_a_promotion_in_the_reconcile_that_saw_the_decision_is_timed_from_its_start() -> None:
+    steady = {"desiredServingReplicas": 2, "standbyReplicas": 1}
+    done = track_scale_out(steady, 3, {"servingReplicas": 3}, now=100.04, seen=100.0)
+    assert done["lastScaleOut"]["seconds"] == pytest.approx(0.04, abs=0.002)
+    assert done["lastScaleOut"]["decidedAt"].startswith("1970-01-01T00:01:40.0")
