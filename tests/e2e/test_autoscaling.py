@@ -56,6 +56,7 @@ def test_load_scales_out_through_the_warm_gate_and_idles_back_in(kube, operator,
         embedding_service(
             "scaler",
             "v1",
+            replicas=1,  # where the HPA starts from (spec.replicas is its decision)
             # A small CPU request, so that 25 requests a second is well above the 50% target.
             resources={"requests": {"cpu": "100m", "memory": "512Mi"}},
             autoscaling={

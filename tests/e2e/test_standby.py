@@ -7,8 +7,12 @@ the Service's node port."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,8 +20,15 @@ from dataclasses import dataclass, field
 import openai
 import pytest
 
-from warmgate_contract.names import ROLE_LABEL, SERVER_PORT, SPEC_HASH_ANNOTATION
+from warmgate_contract.names import (
+    GATE_STATE_ANNOTATION,
+    ROLE_LABEL,
+    SERVER_PORT,
+    SPEC_HASH_ANNOTATION,
+    WARMED_CONDITION,
+)
 from warmgate_devcluster.testkit import (
+    condition,
     embedding_service,
     node_port,
     p_revision,
@@ -236,3 +247,55 @@ def test_a_reload_replaces_the_standby_pool_with_no_failed_or_cold_request(kube,
     pods = live_pods(kube, "poolreload")
     assert len(pods) == 3 and {p_revision(p) for p in pods} == {"v2"}
     assert sorted(str(role(p)) for p in pods) == ["serving", "serving", "standby"]
+
+
+def test_a_restarted_standby_pod_is_verified_again_before_it_is_promoted(
+    kube, operator, devcluster
+) -> None:
+    """The standby server dies (as an OOM kill would): kubelet restarts it, the gate closes
+    until the new process is verified, and a scale-out asked for meanwhile promotes it only
+    then, into a server that was told its role again."""
+    kube.apply(embedding_service("spare", "v1", replicas=1, standbyReplicas=1, resources=SMALL))
+    wait_ready(kube, "spare", "v1", replicas=2, timeout=420)
+    wait_pool(kube, "spare", serving=1, standby=1)
+    (standby,) = [p for p in live_pods(kube, "spare") if role(p) == "standby"]
+    name = standby["metadata"]["name"]
+    for pid in devcluster.container_pids(standby, "server"):
+        os.kill(pid, signal.SIGKILL)
+
+    def restarted() -> dict | None:
+        pod = kube.get("pod", name) or {}
+        statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+        return pod if statuses[0].get("restartCount", 0) >= 1 else None
+
+    wait_until(restarted, 60, "kubelet to restart the standby server", every=0.2)
+    kube.run("scale", "embeddingservice/spare", "--replicas=2")
+    # Until the pool is whole again (2 serving, 1 standby): whenever the restarted pod is in
+    # the Service's endpoints, the gate has verified its new process.
+    unverified_in_service: list[dict] = []
+
+    def settled() -> dict | None:
+        pod = kube.get("pod", name) or {}
+        if name in ready_endpoints(kube, "spare"):
+            raw = (pod.get("metadata", {}).get("annotations") or {}).get(GATE_STATE_ANNOTATION)
+            if not raw or json.loads(raw)["restarts"] != 1:
+                unverified_in_service.append(pod)
+        emb = kube.get("embeddingservice", "spare") or {}
+        status = emb.get("status") or {}
+        whole = (status.get("servingReplicas"), status.get("standbyReplicas")) == (2, 1)
+        return pod if whole and condition(pod, "Ready").get("status") == "True" else None
+
+    pod = wait_until(settled, 300, "the pool whole again", every=0.2)
+    assert not unverified_in_service
+    warmed = condition(pod, WARMED_CONDITION)
+    state = json.loads(pod["metadata"]["annotations"][GATE_STATE_ANNOTATION])
+    assert state["restarts"] == 1 and warmed["status"] == "True"
+    assert warmed["lastTransitionTime"] <= condition(pod, "Ready")["lastTransitionTime"]
+    # The restarted process was told the role its label says (a fresh server starts serving).
+    url = f"http://{pod['status']['podIP']}:{SERVER_PORT}/role"
+
+    def server_role() -> str:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.load(response)["role"]
+
+    wait_until(lambda: server_role() == role(pod), 30, "the restarted server told its role")
