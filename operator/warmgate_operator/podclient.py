@@ -58,27 +58,19 @@ class PodClient:
     async def get_json(self, host: str, port: int, path: str) -> tuple[int, Any]:
         """GET `path`: (status, parsed JSON, or None when the body is not JSON). Raises one of
         ERRORS when no whole answer came."""
-        async with self._slots:
-            try:
-                async with self._client().get(f"http://{host}:{port}{path}") as response:
-                    raw = await read_capped(response, self._max_bytes)
-                    status = response.status
-            except ERRORS as error:
-                self._count(path, type(error).__name__)
-                raise
-        self._count(path, str(status))
-        try:
-            return status, json.loads(raw) if raw else None
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            return status, None
+        return await self._call("GET", host, port, path)
 
     async def post_json(self, host: str, port: int, path: str, body: Any) -> tuple[int, Any]:
-        """POST `body` as JSON to `path`: (status, parsed JSON or None). Raises one of ERRORS
-        when no whole answer came."""
+        """POST `body` as JSON to `path`; as `get_json`."""
+        return await self._call("POST", host, port, path, body)
+
+    async def _call(
+        self, method: str, host: str, port: int, path: str, body: Any = None
+    ) -> tuple[int, Any]:
         async with self._slots:
             try:
-                async with self._client().post(
-                    f"http://{host}:{port}{path}", json=body
+                async with self._client().request(
+                    method, f"http://{host}:{port}{path}", json=body
                 ) as response:
                     raw = await read_capped(response, self._max_bytes)
                     status = response.status

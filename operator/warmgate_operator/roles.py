@@ -32,11 +32,10 @@ from warmgate_contract.names import (
     ROLE_PATH,
     ROLE_SERVING,
     ROLE_STANDBY,
-    SERVER_PORT,
-    SERVER_PORT_NAME,
     SPEC_HASH_ANNOTATION,
 )
 
+from .gate import expectation_for, restart_count
 from .objects import condition, parse_time
 from .podclient import ERRORS, PodClient
 
@@ -79,10 +78,7 @@ class Member:
             ready=is_ready,
             current=current_hash is None or annotations.get(SPEC_HASH_ANNOTATION) == current_hash,
             ready_since=parse_time(ready.get("lastTransitionTime")) or math.inf,
-            restarts=sum(
-                int(s.get("restartCount", 0))
-                for s in (pod.get("status") or {}).get("containerStatuses") or []
-            ),
+            restarts=restart_count(pod),
         )
 
 
@@ -139,14 +135,6 @@ def role_patch(role: str, resource_version: str | None) -> dict[str, Any]:
     if resource_version:
         meta["resourceVersion"] = resource_version
     return {"metadata": meta}
-
-
-def server_port(pod: Mapping[str, Any]) -> int:
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for port in container.get("ports") or []:
-            if port.get("name") == SERVER_PORT_NAME and port.get("containerPort"):
-                return int(port["containerPort"])
-    return SERVER_PORT
 
 
 @dataclass
@@ -213,10 +201,11 @@ class RoleKeeper:
         self, told: dict[str, str], pod: Mapping[str, Any], member: Member, role: str
     ) -> None:
         host = (pod.get("status") or {}).get("podIP")
-        if not host:
+        expected = expectation_for(pod)
+        if not host or expected is None:
             return
         try:
-            status, _ = await self.pods.post_json(host, server_port(pod), ROLE_PATH, {"role": role})
+            status, _ = await self.pods.post_json(host, expected.port, ROLE_PATH, {"role": role})
         except ERRORS as error:
             logger.info("could not tell pod %s its role %s: %s", member.name, role, error)
             return

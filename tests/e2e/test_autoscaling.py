@@ -51,24 +51,28 @@ def deployment_replicas(kube: Any, name: str) -> int:
     return int((kube.get("deployment", name) or {}).get("spec", {}).get("replicas") or 0)
 
 
-def test_load_scales_out_through_the_warm_gate_and_idles_back_in(kube, operator, report):
-    kube.apply(
-        embedding_service(
-            "scaler",
-            "v1",
-            replicas=1,  # where the HPA starts from (spec.replicas is its decision)
-            # A small CPU request, so that 25 requests a second is well above the 50% target.
-            resources={"requests": {"cpu": "100m", "memory": "512Mi"}},
-            autoscaling={
-                "enabled": True,
-                "minReplicas": 1,
-                "maxReplicas": 2,
-                "targetCPUUtilizationPercentage": 50,
-                "scaleUp": {"stabilizationWindowSeconds": 0},
-                "scaleDown": {"stabilizationWindowSeconds": SCALE_DOWN_WINDOW},
-            },
-        )
+def scaler(name: str, scale_down_window: int, **spec: Any) -> dict:
+    """An autoscaled MiniLM service from 1 pod (spec.replicas, where the HPA starts from) to 2,
+    with a small CPU request, so that RATE requests a second is well above the 50% target."""
+    return embedding_service(
+        name,
+        "v1",
+        replicas=1,
+        resources={"requests": {"cpu": "100m", "memory": "512Mi"}},
+        autoscaling={
+            "enabled": True,
+            "minReplicas": 1,
+            "maxReplicas": 2,
+            "targetCPUUtilizationPercentage": 50,
+            "scaleUp": {"stabilizationWindowSeconds": 0},
+            "scaleDown": {"stabilizationWindowSeconds": scale_down_window},
+        },
+        **spec,
     )
+
+
+def test_load_scales_out_through_the_warm_gate_and_idles_back_in(kube, operator, report):
+    kube.apply(scaler("scaler", scale_down_window=SCALE_DOWN_WINDOW))
     wait_ready(kube, "scaler", "v1", replicas=1)
     (first,) = kube.pods("scaler")
 
@@ -139,23 +143,7 @@ def test_load_scales_out_onto_the_standby_pod_and_a_new_one_warms_behind_it(kube
     """spec.standbyReplicas 1: the HPA (which sees the serving pod only) scales the
     EmbeddingService out, the operator promotes the standby pod, which serves at once, and a
     new standby pod starts, warms and passes the gate behind it."""
-    kube.apply(
-        embedding_service(
-            "standby-scaler",
-            "v1",
-            replicas=1,
-            standbyReplicas=1,
-            resources={"requests": {"cpu": "100m", "memory": "512Mi"}},
-            autoscaling={
-                "enabled": True,
-                "minReplicas": 1,
-                "maxReplicas": 2,
-                "targetCPUUtilizationPercentage": 50,
-                "scaleUp": {"stabilizationWindowSeconds": 0},
-                "scaleDown": {"stabilizationWindowSeconds": 600},
-            },
-        )
-    )
+    kube.apply(scaler("standby-scaler", scale_down_window=600, standbyReplicas=1))
     wait_ready(kube, "standby-scaler", "v1", replicas=2)
 
     def roles() -> dict[str, str | None]:

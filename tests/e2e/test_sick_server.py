@@ -9,19 +9,15 @@ what the server reports."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 import urllib.error
 import urllib.request
 
-import openai
 import pytest
-from support.load import service_load, summary
+from support.load import pooled_load, service_load, summary, through_service
 
 from warmgate_devcluster.testkit import (
     condition,
     embedding_service,
-    node_port,
     p_revision,
     wait_ready,
     wait_until,
@@ -128,31 +124,8 @@ def test_a_rollout_loses_no_request_of_a_pooled_openai_client_with_retries_off(
     tells the client to reconnect (Connection: close) instead of vanishing under it."""
     kube.apply(embedding_service("pooled", "v1"))
     wait_ready(kube, "pooled", "v1", replicas=2)
-    url = f"http://{kube.devcluster.node_ip}:{node_port(kube, 'pooled')}/v1"
-    sdk = openai.OpenAI(base_url=url, api_key="not-needed", max_retries=0, timeout=30)
-    answers: list[tuple[str | None, str | None]] = []
-    errors: list[str] = []
-    stop = threading.Event()
-
-    def send() -> None:
-        while not stop.is_set():
-            try:
-                raw = sdk.embeddings.with_raw_response.create(
-                    model="sentence-transformers/all-MiniLM-L6-v2", input="warm models answer"
-                )
-                assert len(raw.parse().data[0].embedding) == 384
-                answers.append(
-                    (raw.headers.get("x-warmgate-revision"), raw.headers.get("connection"))
-                )
-            except Exception as error:
-                errors.append(f"{time.monotonic():.1f} {type(error).__name__}: {error}")
-            time.sleep(0.05)
-
-    threads = [threading.Thread(target=send) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    try:
-        wait_until(lambda: len(answers) >= 20, 60, "20 answers")
+    with pooled_load(through_service(kube, "pooled")) as load:
+        wait_until(lambda: len(load.answers) >= 20, 60, "20 answers")
         kube.patch("embeddingservice", "pooled", {"spec": {"model": {"revision": "v2"}}})
         wait_ready(kube, "pooled", "v2", replicas=2, timeout=400)
         # The old pods keep their pinned connections until their drain tells the client to
@@ -162,16 +135,11 @@ def test_a_rollout_loses_no_request_of_a_pooled_openai_client_with_retries_off(
             120,
             "the old pods gone",
         )
-        count = len(answers)
-        wait_until(lambda: len(answers) >= count + 20, 60, "20 more answers")
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(60)
-        sdk.close()
+        count = len(load.answers)
+        wait_until(lambda: len(load.answers) >= count + 20, 60, "20 more answers")
 
-    assert not errors, errors[:5]
-    revisions = [revision for revision, _ in answers]
+    assert not load.errors, load.errors[:5]
+    revisions = [answer.revision for answer in load.answers]
     assert revisions[0] == "v1" and set(revisions[-10:]) == {"v2"}
     # The old pods' drains told the pooled connections to go (at least one per old pod).
-    assert sum(1 for _, connection in answers if connection == "close") >= 1
+    assert sum(1 for answer in load.answers if answer.connection == "close") >= 1

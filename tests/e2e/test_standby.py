@@ -10,15 +10,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 
-import openai
 import pytest
+from support.load import pooled_load, through_service
 
 from warmgate_contract.names import (
     GATE_STATE_ANNOTATION,
@@ -30,7 +26,6 @@ from warmgate_contract.names import (
 from warmgate_devcluster.testkit import (
     condition,
     embedding_service,
-    node_port,
     p_revision,
     wait_ready,
     wait_until,
@@ -39,70 +34,8 @@ from warmgate_operator.roles import Member, assign
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 # Serving, standby and a surge or refill pod side by side on the 2-core node: small requests.
 SMALL = {"requests": {"cpu": "100m", "memory": "512Mi"}}
-
-
-@dataclass
-class Answer:
-    at: float
-    pod: str | None
-    revision: str | None
-    cold: str | None
-    connection: str | None
-
-
-@dataclass
-class PooledLoad:
-    answers: list[Answer] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-    def pods_since(self, moment: float) -> set[str | None]:
-        return {a.pod for a in self.answers if a.at >= moment}
-
-
-def through_service(kube, name: str) -> str:
-    return f"http://{kube.devcluster.node_ip}:{node_port(kube, name)}/v1"
-
-
-@contextmanager
-def pooled_load(url: str, threads: int = 2) -> Iterator[PooledLoad]:
-    """`threads` threads sharing one OpenAI SDK client (one httpx pool, keep-alive), retries
-    off, each sending one request after another to `url`."""
-    sdk = openai.OpenAI(base_url=url, api_key="not-needed", max_retries=0, timeout=30)
-    load = PooledLoad()
-    stop = threading.Event()
-
-    def send() -> None:
-        while not stop.is_set():
-            try:
-                raw = sdk.embeddings.with_raw_response.create(model=MODEL, input="stand by me")
-                assert len(raw.parse().data[0].embedding) == 384
-                headers = raw.headers
-                load.answers.append(
-                    Answer(
-                        time.monotonic(),
-                        headers.get("x-warmgate-pod"),
-                        headers.get("x-warmgate-revision"),
-                        headers.get("x-warmgate-cold"),
-                        headers.get("connection"),
-                    )
-                )
-            except Exception as error:
-                load.errors.append(f"{time.monotonic():.1f} {type(error).__name__}: {error}")
-            time.sleep(0.02)
-
-    workers = [threading.Thread(target=send) for _ in range(threads)]
-    for worker in workers:
-        worker.start()
-    try:
-        yield load
-    finally:
-        stop.set()
-        for worker in workers:
-            worker.join(60)
-        sdk.close()
 
 
 def live_pods(kube, name: str) -> list[dict]:

@@ -131,6 +131,5 @@ def test_a_standby_server_sends_its_keep_alive_clients_away_and_still_serves(
             sdk.embeddings.with_raw_response.create(model=minilm_dir.name, input=["c"])
             for _ in range(2)
         ]
-        assert [r.headers.get("connection") for r in after] != ["close", "close"]
-        assert after[-1].headers.get("connection") != "close"
+        assert after[-1].headers.get("connection") != "close"  # kept alive again
         sdk.close()

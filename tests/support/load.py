@@ -3,12 +3,21 @@ requests from this machine, and which weights produced each answer."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import openai
 import pytest
 
 from warmgate_devcluster.loadgen import ConstantRateLoad, Sample
-from warmgate_devcluster.testkit import service_url, wait_until
+from warmgate_devcluster.testkit import node_port, service_url, wait_until
 
 LOAD_TEXT = "warm models answer fast"  # what ConstantRateLoad sends by default
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+POOLED_TEXT = "warm models answer"  # what pooled_load's clients send
 
 
 RATE = 20.0
@@ -52,3 +61,66 @@ def reference_vectors() -> dict[str, tuple[float, ...]]:
         vectors[revision] = tuple(float(value) for value in vector[:16])
     assert max(abs(a - b) for a, b in zip(*vectors.values(), strict=True)) > 5e-3
     return vectors
+
+
+@dataclass
+class Answer:
+    at: float
+    pod: str | None
+    revision: str | None
+    cold: str | None
+    connection: str | None
+
+
+@dataclass
+class PooledLoad:
+    answers: list[Answer] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def pods_since(self, moment: float) -> set[str | None]:
+        return {a.pod for a in self.answers if a.at >= moment}
+
+
+def through_service(kube, name: str) -> str:
+    return f"http://{kube.devcluster.node_ip}:{node_port(kube, name)}/v1"
+
+
+@contextmanager
+def pooled_load(url: str, threads: int = 2) -> Iterator[PooledLoad]:
+    """`threads` threads sharing one OpenAI SDK client (one httpx pool, keep-alive, as a client
+    application holds it), retries off, each sending one request after another to `url`:
+    every answer with the pod, revision, cold flag and Connection header it came with, and
+    every error."""
+    sdk = openai.OpenAI(base_url=url, api_key="not-needed", max_retries=0, timeout=30)
+    load = PooledLoad()
+    stop = threading.Event()
+
+    def send() -> None:
+        while not stop.is_set():
+            try:
+                raw = sdk.embeddings.with_raw_response.create(model=MODEL, input=POOLED_TEXT)
+                assert len(raw.parse().data[0].embedding) == 384
+                headers = raw.headers
+                load.answers.append(
+                    Answer(
+                        time.monotonic(),
+                        headers.get("x-warmgate-pod"),
+                        headers.get("x-warmgate-revision"),
+                        headers.get("x-warmgate-cold"),
+                        headers.get("connection"),
+                    )
+                )
+            except Exception as error:
+                load.errors.append(f"{time.monotonic():.1f} {type(error).__name__}: {error}")
+            time.sleep(0.02)
+
+    workers = [threading.Thread(target=send) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    try:
+        yield load
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(60)
+        sdk.close()
