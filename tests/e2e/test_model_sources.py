@@ -27,6 +27,7 @@ from warmgate_devcluster.models import MINILM_ID, hub_root, minilm_folder, minil
 from warmgate_devcluster.testkit import (
     condition,
     embedding_service,
+    p_revision,
     service_url,
     wait_ready,
     wait_until,
@@ -218,6 +219,13 @@ def test_a_model_from_a_claim_as_a_folder_and_as_a_hugging_face_cache_and_its_re
         wait_for_traffic(load, 20)
         kube.patch("embeddingservice", "fromcache", {"spec": {"model": {"revision": "v2"}}})
         reloaded = wait_ready(kube, "fromcache", "v2", replicas=1, timeout=400)
+        # The old pod drains (it answers what kube-proxy still sends it until its endpoint is
+        # gone from the node's rules): once it has exited, every answer is v2's.
+        wait_until(
+            lambda: {p_revision(pod) for pod in kube.pods("fromcache")} == {"v2"},
+            120,
+            "the old pod gone",
+        )
         wait_for_traffic(load, 20)
     assert reloaded["status"]["model"]["commit"] == revisions["v2"]
     assert not load.report.failed, summary(load.report.failed)
