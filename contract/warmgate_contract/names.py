@@ -79,3 +79,24 @@ ROLE_PATH = "/role"
 # Which pods a ReplicaSet deletes first when it scales down (lower first): standby pods go
 # before serving ones.
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+
+# Aliases (the router's names): an EmbeddingAlias gives one EmbeddingService of its namespace a
+# second model name; moving it is one object changed, so every request is served wholly by the
+# alias's target at the moment the router saw it. aliases.py resolves names.
+ALIAS_KIND = "EmbeddingAlias"
+ALIAS_PLURAL = "embeddingaliases"
+REASON_NAME_CONFLICT = "NameConflict"
+REASON_TARGET_MISSING = "TargetMissing"
+REASON_RESOLVED = "Resolved"
+
+# The router: which EmbeddingService (namespace/name) answered, and how a TEI request names its
+# model (TEI's bodies have no model field).
+ROUTER_NAME = "warmgate-router"
+SERVICE_HEADER = "X-Warmgate-Service"
+MODEL_HEADER = "X-Warmgate-Model"
+# Scale to zero: the router writes the time of the last request it forwarded to an
+# EmbeddingService (RFC 3339, UTC, at most every few seconds per service) on the
+# EmbeddingService; the operator scales a service with autoscaling.scaleToZero to 0 when that
+# is older than idleSeconds, and the router scales it back to 1 when a request comes.
+LAST_REQUEST_ANNOTATION = "warmgate.dev/last-request-time"
+REASON_SCALED_TO_ZERO = "ScaledToZero"

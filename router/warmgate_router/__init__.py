@@ -1,0 +1,1 @@
+"""warmgate-router: one OpenAI and TEI endpoint for every EmbeddingService and alias."""

@@ -1,0 +1,110 @@
+"""`python -m warmgate_router`: watch the names and endpoints, then serve.
+
+On SIGTERM /ready turns 503 at once, requests keep being served for --drain-seconds (while the
+Service's endpoints drop this pod), then the listener closes and requests in flight finish."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from .config import RouterConfig, parse_args
+from .kube import Kube, Reflector
+from .metrics import Metrics
+from .proxy import Router, build_app
+from .view import ALIASES, SERVICES, SLICE_SELECTOR, SLICES, View
+
+log = logging.getLogger("warmgate.router")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(config: RouterConfig) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if config.log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=config.log_level, handlers=[handler], force=True)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def reflectors(kube: Kube, view: View, namespaces: Sequence[str]) -> list[Reflector]:
+    scopes: Sequence[str | None] = namespaces or (None,)
+    return [
+        Reflector(kube, kind, namespace, view.on_listing, view.on_change, selector)
+        for namespace in scopes
+        for kind, selector in ((SERVICES, ""), (ALIASES, ""), (SLICES, SLICE_SELECTOR))
+    ]
+
+
+async def serve(config: RouterConfig, drain_seconds: float = 5.0) -> None:
+    kube = Kube.from_environment()
+    view = View()
+    metrics = Metrics()
+    router = Router(config, view, kube, metrics)
+    app = build_app(router)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    await site.start()
+    log.info(
+        "warmgate-router listening on %s:%d, namespaces %s",
+        config.host,
+        config.port,
+        ",".join(config.namespaces) or "*",
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    watching = reflectors(kube, view, config.namespaces)
+    tasks = [asyncio.create_task(r.run(), name=f"watch {r}") for r in watching]
+    started = time.monotonic()
+
+    async def synced() -> None:
+        await asyncio.gather(*(r.synced.wait() for r in watching))
+        router.synced.set()
+        log.info("names and endpoints listed in %.2fs", time.monotonic() - started)
+
+    tasks.append(asyncio.create_task(synced()))
+    await stop.wait()
+    log.info("stopping: not ready, serving for %.0fs more", drain_seconds)
+    router.synced.clear()
+    await asyncio.sleep(drain_seconds)
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await runner.cleanup()
+    await kube.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = parse_args(argv)
+    setup_logging(config)
+    asyncio.run(serve(config, config.drain_seconds))
+
+
+if __name__ == "__main__":
+    main()

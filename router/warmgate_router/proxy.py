@@ -1,0 +1,486 @@
+"""The router's HTTP side: the OpenAI route and text-embeddings-inference's routes, each request
+forwarded whole to one warm pod of the EmbeddingService its model name selects.
+
+- The name is resolved once, when the request arrives (an alias switched meanwhile moves the
+  next request, never this one), and the answer says which service served it
+  (X-Warmgate-Service) next to the pod's own X-Warmgate-Revision.
+- Pods are the Ready endpoints of the service's EndpointSlices (the warm gate's verdict), over
+  pooled keep-alive connections; the one with the fewest of this router's requests in flight
+  is picked. A pod that refuses the connection is skipped for another (the request never reached
+  it); a request that reached a pod is never sent twice.
+- A service without a warm pod (scaled to zero, or all its pods still starting) gets its
+  requests held, up to --hold-seconds and --max-held-requests; one at zero is scaled to 1
+  first. A held request goes out the moment the first pod passes the warm gate, or gets a 503
+  with Retry-After; a client that hangs up stops waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from warmgate_contract.aliases import Resolution
+from warmgate_contract.names import (
+    ALIAS_KIND,
+    LAST_REQUEST_ANNOTATION,
+    MODEL_HEADER,
+    SERVICE_HEADER,
+)
+
+from .balancer import Balancer
+from .config import RouterConfig
+from .kube import ApiError, Kube
+from .metrics import CONTENT_TYPE, Metrics
+from .view import SERVICES, Key, View, replicas, scale_to_zero
+
+log = logging.getLogger("warmgate.router")
+
+HELD_HEADER = "X-Warmgate-Held-Ms"
+# Headers of a pod's answer the client gets (the rest are hop-by-hop or the router's own).
+PASSED_HEADERS = ("Content-Type", "Content-Encoding", "Server-Timing", "Retry-After")
+TEI_ROUTES = ("embed", "embed_all", "tokenize", "decode", "similarity", "embeddings", "invocations")
+RETRY_AFTER_SECONDS = 5
+
+
+class Refused(Exception):
+    """A request the router answers itself: status, message, OpenAI error code."""
+
+    def __init__(self, status: int, message: str, code: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.retry_after = retry_after
+
+
+def _openai_error(error: Refused) -> web.Response:
+    kind = {404: "not_found_error", 503: "service_unavailable"}.get(
+        error.status, "invalid_request_error" if error.status < 500 else "server_error"
+    )
+    body = {"error": {"message": error.message, "type": kind, "param": None, "code": error.code}}
+    return _json(error.status, body, error.retry_after)
+
+
+def _tei_error(error: Refused) -> web.Response:
+    kind = "Validation" if error.status < 500 else "Unhealthy"
+    if error.status == 503 and error.retry_after:
+        kind = "Overloaded"
+    return _json(error.status, {"error": error.message, "error_type": kind}, error.retry_after)
+
+
+def _json(status: int, body: Any, retry_after: int | None = None) -> web.Response:
+    response = web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+    if retry_after:
+        response.headers["Retry-After"] = str(retry_after)
+    return response
+
+
+def _gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Router:
+    def __init__(
+        self, config: RouterConfig, view: View, kube: Kube | None, metrics: Metrics
+    ) -> None:
+        self.config = config
+        self.view = view
+        self.kube = kube
+        self.metrics = metrics
+        self.balancer = Balancer()
+        self.held = 0
+        self._session: aiohttp.ClientSession | None = None
+        self._activity: dict[Key, float] = {}
+        self._woken: dict[Key, float] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.synced = asyncio.Event()
+
+    # -- the pods' connections ------------------------------------------------------------
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=None)
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, trust_env=False
+            )
+        return self._session
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- names ----------------------------------------------------------------------------
+    def resolve(self, model: str | None) -> tuple[str, Resolution]:
+        if model is None or model == "":
+            names = sorted(self.view.names.by_qualified)
+            if len(names) == 1:
+                model = names[0]
+            else:
+                raise Refused(
+                    400,
+                    "name the model (`model` on the OpenAI route, the "
+                    f"{MODEL_HEADER} header or /models/NAME/ on the others): one of "
+                    + ", ".join(self.model_ids()),
+                    "model_required",
+                )
+        found = self.view.lookup(model)
+        if isinstance(found, str):
+            raise Refused(404, f"{found}; served: {', '.join(self.model_ids())}", "model_not_found")
+        if not found.ok:
+            raise Refused(404, found.message, "model_unresolved")
+        return model, found
+
+    def model_ids(self) -> list[str]:
+        table = self.view.names
+        return sorted(
+            q.split("/", 1)[1] if len(table.by_bare.get(q.split("/", 1)[1], ())) == 1 else q
+            for q in table.by_qualified
+        )
+
+    # -- activity and waking --------------------------------------------------------------
+    def note_activity(self, key: Key) -> None:
+        now = time.monotonic()
+        if self.kube is None or now - self._activity.get(key, -1e9) < self.config.activity_seconds:
+            return
+        self._activity[key] = now
+        self._spawn(self._write_activity(key))
+
+    async def _write_activity(self, key: Key) -> None:
+        body = {"metadata": {"annotations": {LAST_REQUEST_ANNOTATION: _now()}}}
+        try:
+            await self.kube.request(
+                "PATCH",
+                SERVICES.path(key[0], key[1]),
+                body,
+                content_type="application/merge-patch+json",
+            )
+        except (ApiError, aiohttp.ClientError, TimeoutError) as error:
+            log.warning("%s/%s: could not record its last request: %s", *key, error)
+            self._activity.pop(key, None)
+
+    async def wake(self, key: Key) -> None:
+        """Scale a service at zero to one (unless something else already did)."""
+        now = time.monotonic()
+        if self.kube is None or now - self._woken.get(key, -1e9) < 10:
+            return
+        self._woken[key] = now
+        patch = [
+            {"op": "test", "path": "/spec/replicas", "value": 0},
+            {"op": "replace", "path": "/spec/replicas", "value": 1},
+        ]
+        try:
+            await self.kube.request(
+                "PATCH",
+                SERVICES.path(key[0], key[1], "scale"),
+                patch,
+                content_type="application/json-patch+json",
+            )
+        except ApiError as error:
+            if error.status in (409, 422):  # no longer at zero: woken by another replica
+                return
+            log.warning("%s/%s: could not scale from zero: %s", *key, error)
+            self._woken.pop(key, None)
+            return
+        except (aiohttp.ClientError, TimeoutError) as error:
+            log.warning("%s/%s: could not scale from zero: %s", *key, error)
+            self._woken.pop(key, None)
+            return
+        self.metrics.cold_starts.labels(service=f"{key[0]}/{key[1]}").inc()
+        log.info("%s/%s: scaled from zero to 1 for a request", *key)
+        self._activity.pop(key, None)
+        self.note_activity(key)
+
+    # -- holding --------------------------------------------------------------------------
+    async def hold(self, request: web.Request, key: Key, deadline: float) -> float:
+        """Until `key` has a Ready pod; the seconds waited. Refused when the service cannot
+        get one (0 replicas and no scale to zero), past the limits, or after the hold time."""
+        service = self.view.service(key) or {}
+        label = f"{key[0]}/{key[1]}"
+        at_zero = replicas(service) == 0
+        if at_zero and not scale_to_zero(service):
+            raise Refused(
+                503,
+                f"EmbeddingService {label} has 0 replicas and does not scale from zero "
+                "(autoscaling.scaleToZero): scale it up to serve",
+                "no_replicas",
+            )
+        if self.config.hold_seconds <= 0 or self.held >= self.config.max_held_requests:
+            raise Refused(
+                503,
+                f"EmbeddingService {label} has no warm pod yet and the router holds "
+                f"{self.held} requests already (--max-held-requests "
+                f"{self.config.max_held_requests}): retry later",
+                "no_warm_pod",
+                RETRY_AFTER_SECONDS,
+            )
+        if at_zero:
+            await self.wake(key)
+        started = time.monotonic()
+        self.held += 1
+        gauge = self.metrics.held.labels(service=label)
+        gauge.inc()
+        outcome = "client_gone"  # also when the server cancels this handler for a hang-up
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    outcome = "timeout"
+                    break
+                if await self.view.wait_ready(key, min(remaining, 0.25)):
+                    outcome = "served"
+                    break
+                if _gone(request):
+                    break
+                if replicas(self.view.service(key) or {}) == 0:
+                    await self.wake(key)
+        finally:
+            self.held -= 1
+            gauge.dec()
+            waited = time.monotonic() - started
+            self.metrics.hold_seconds.labels(service=label, outcome=outcome).observe(waited)
+        if outcome == "served":
+            return waited
+        if outcome == "client_gone":
+            raise Refused(499, "the client closed the connection while held", "client_gone")
+        raise Refused(
+            503,
+            f"EmbeddingService {label} has had no warm pod for {waited:.0f} s "
+            f"(--hold-seconds {self.config.hold_seconds:g}): retry later",
+            "no_warm_pod",
+            RETRY_AFTER_SECONDS,
+        )
+
+    # -- forwarding -----------------------------------------------------------------------
+    async def forward(
+        self,
+        request: web.Request,
+        model: str | None,
+        path: str,
+        body: bytes | None,
+    ) -> web.Response:
+        arrived = time.monotonic()
+        name, resolution = self.resolve(model)
+        namespace = resolution.claim.namespace
+        key = (namespace, resolution.service or "")
+        label = f"{namespace}/{key[1]}"
+        self.note_activity(key)
+        deadline = arrived + self.config.hold_seconds
+        held = 0.0
+        tried: set[str] = set()
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        if "Accept" in request.headers:
+            headers["Accept"] = request.headers["Accept"]
+        code = 500
+        try:
+            while True:
+                endpoints = self.view.ready(key)
+                if not endpoints:
+                    held += await self.hold(request, key, deadline)
+                    continue
+                endpoint = self.balancer.pick(endpoints, tried)
+                if endpoint is None:
+                    raise Refused(
+                        503,
+                        f"no pod of EmbeddingService {label} accepted a connection "
+                        f"(tried {len(tried)}): retry later",
+                        "no_pod_reachable",
+                        RETRY_AFTER_SECONDS,
+                    )
+                try:
+                    with self.balancer.busy(endpoint):
+                        self.metrics.in_flight.labels(service=label).inc()
+                        try:
+                            response = await self._send(
+                                request.method, endpoint, path, body, headers
+                            )
+                        finally:
+                            self.metrics.in_flight.labels(service=label).dec()
+                except aiohttp.ClientConnectorError as error:
+                    # Never reached the pod (refused, unreachable): another pod may take it.
+                    tried.add(endpoint.key)
+                    self.metrics.retries.labels(service=label).inc()
+                    log.info(
+                        "%s: %s refused the connection (%s); trying another",
+                        label,
+                        endpoint.pod,
+                        error,
+                    )
+                    continue
+                except (aiohttp.ClientError, TimeoutError) as error:
+                    raise Refused(
+                        502,
+                        f"pod {endpoint.pod} of EmbeddingService {label} failed while answering "
+                        f"({type(error).__name__}); the request may have run, so it is not "
+                        "sent again",
+                        "upstream_failed",
+                    ) from None
+                response.headers[SERVICE_HEADER] = label
+                if held:
+                    response.headers[HELD_HEADER] = f"{held * 1000:.0f}"
+                code = response.status
+                return response
+        except Refused as error:
+            code = error.status
+            raise
+        finally:
+            self.metrics.requests.labels(model=name, service=label, code=str(code)).inc()
+            self.metrics.latency.labels(service=label).observe(time.monotonic() - arrived)
+
+    async def _send(
+        self, method: str, endpoint: Any, path: str, body: bytes | None, headers: Mapping[str, str]
+    ) -> web.Response:
+        timeout = aiohttp.ClientTimeout(
+            total=self.config.request_timeout, sock_connect=self.config.connect_timeout
+        )
+        async with self.session().request(
+            method, endpoint.url + path, data=body, headers=headers, timeout=timeout
+        ) as upstream:
+            payload = await upstream.read()
+            response = web.Response(status=upstream.status, body=payload)
+            for header, value in upstream.headers.items():
+                if header in PASSED_HEADERS or header.lower().startswith("x-warmgate-"):
+                    response.headers[header] = value
+            return response
+
+    # -- routes ---------------------------------------------------------------------------
+    async def openai_embeddings(self, request: web.Request) -> web.Response:
+        """POST /v1/embeddings (and TEI's /embeddings): the model named in the body."""
+        try:
+            raw = await request.read()
+            try:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError as error:
+                raise Refused(
+                    400, f"the request body is not JSON: {error}", "invalid_json"
+                ) from None
+            if not isinstance(body, dict):
+                raise Refused(400, "the request body must be a JSON object", "invalid_type")
+            model = body.pop("model", None)
+            if model is not None and not isinstance(model, str):
+                raise Refused(400, "`model` must be a string", "invalid_type")
+            # The pod serves one model under its own name: the router's name stops here.
+            return await self.forward(request, model, "/v1/embeddings", orjson.dumps(body))
+        except Refused as error:
+            return _openai_error(error)
+
+    async def tei(self, request: web.Request) -> web.Response:
+        """TEI's routes: the model named by the X-Warmgate-Model header or by the path
+        (/models/NAME/embed; NAME may be namespace/name)."""
+        model = request.match_info.get("model")
+        route = request.path
+        if model is not None:
+            route = route[len("/models/") + len(model) :]
+        else:
+            model = request.headers.get(MODEL_HEADER)
+        try:
+            if route == "/embeddings":  # TEI's alias of the OpenAI route
+                return await self.openai_embeddings(request)
+            body = await request.read() if request.method == "POST" else None
+            return await self.forward(request, model, route, body)
+        except Refused as error:
+            return _tei_error(error)
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = []
+        table = self.view.names
+        ids = {q: i for q, i in zip(sorted(table.by_qualified), self._ids_in_order(), strict=True)}
+        for qualified, resolution in sorted(table.by_qualified.items()):
+            namespace = resolution.claim.namespace
+            service = self.view.service((namespace, resolution.service or "")) or {}
+            spec = service.get("spec") or {}
+            ready = len(self.view.ready((namespace, resolution.service or "")))
+            if not resolution.ok:
+                state = "unresolved"
+            elif ready:
+                state = "ready"
+            elif replicas(service) == 0:
+                state = "scaled-to-zero" if scale_to_zero(service) else "no-replicas"
+            else:
+                state = "starting"
+            entry: dict[str, Any] = {
+                "id": ids[qualified],
+                "object": "model",
+                "created": _epoch(resolution.claim.created),
+                "owned_by": "warmgate",
+                "root": (spec.get("model") or {}).get("id"),
+                "kind": resolution.claim.kind,
+                "service": f"{namespace}/{resolution.service}" if resolution.ok else None,
+                "state": state,
+                "ready_replicas": ready,
+            }
+            if resolution.claim.kind == ALIAS_KIND:
+                entry["alias_of"] = entry["service"]
+            if not resolution.ok:
+                entry["message"] = resolution.message
+            data.append(entry)
+        return _json(200, {"object": "list", "data": data})
+
+    def _ids_in_order(self) -> list[str]:
+        table = self.view.names
+        return [
+            q.split("/", 1)[1] if len(table.by_bare.get(q.split("/", 1)[1], ())) == 1 else q
+            for q in sorted(table.by_qualified)
+        ]
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return _json(200, {"status": "ok"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        if not self.synced.is_set():
+            return _json(503, {"status": "syncing"})
+        return _json(200, {"status": "ready", "names": len(self.view.names.by_qualified)})
+
+    async def metrics_route(self, request: web.Request) -> web.Response:
+        for key, endpoints in list(self.view.endpoints.items()):
+            self.metrics.endpoints.labels(service=f"{key[0]}/{key[1]}").set(len(endpoints))
+        response = web.Response(body=self.metrics.render())
+        response.headers["Content-Type"] = CONTENT_TYPE
+        return response
+
+
+def _epoch(stamp: str) -> int:
+    with contextlib.suppress(ValueError):
+        return int(datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
+    return 0
+
+
+def build_app(router: Router) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_get("/healthz", router.healthz)
+    app.router.add_get("/ready", router.ready)
+    app.router.add_get("/metrics", router.metrics_route)
+    app.router.add_get("/v1/models", router.models)
+    app.router.add_post("/v1/embeddings", router.openai_embeddings)
+    for route in TEI_ROUTES:
+        app.router.add_post(f"/{route}", router.tei)
+        app.router.add_post(f"/models/{{model:.+}}/{route}", router.tei)
+    app.router.add_post("/", router.tei)
+    app.router.add_get("/info", router.tei)
+    app.router.add_get("/models/{model:.+}/info", router.tei)
+
+    async def closed(_: web.Application) -> None:
+        await router.close()
+
+    app.on_cleanup.append(closed)
+    return app

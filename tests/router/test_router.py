@@ -1,0 +1,356 @@
+"""The router's HTTP side against real warmgate servers (the real all-MiniLM-L6-v2, warmed) on
+this machine's loopback, through real clients (the OpenAI SDK pooled with retries off, aiohttp).
+
+What the router knows of the cluster (EmbeddingServices, aliases, EndpointSlices) is given to
+its View here as the apiserver would list it, with endpoints on 127.0.0.1: the EndpointSlice
+API refuses loopback addresses, so these tests cannot put real pods' slices behind it. The
+watches, the scale from zero and the router in its image on the real node are
+tests/e2e/test_router.py."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from support.server import serving
+
+from warmgate_contract.names import API_VERSION, MODEL_HEADER, SERVICE_HEADER
+from warmgate_router.config import RouterConfig
+from warmgate_router.metrics import Metrics
+from warmgate_router.proxy import Router, build_app
+from warmgate_router.view import ALIASES, SERVICES, SLICES, View
+from warmgate_server.config import parse_config
+from warmgate_server.loading import LoadedModel, load_model
+from warmgate_server.testing import minilm_path
+
+NS = "team"
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return load_model(parse_config(["--model", str(minilm_path()), "--device", "cpu"], environ={}))
+
+
+def es(name: str, replicas: int = 1, created: str = "2026-01-01T00:00:00Z", **spec: Any) -> dict:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "EmbeddingService",
+        "metadata": {"namespace": NS, "name": name, "creationTimestamp": created},
+        "spec": {"model": {"id": MINILM}, "replicas": replicas, **spec},
+    }
+
+
+def alias(name: str, service: str, created: str = "2026-01-02T00:00:00Z") -> dict:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "EmbeddingAlias",
+        "metadata": {"namespace": NS, "name": name, "creationTimestamp": created},
+        "spec": {"service": service},
+    }
+
+
+def endpoint_slice(service: str, ports: list[int], ready: bool = True, tag: str = "a") -> dict:
+    return {
+        "metadata": {
+            "namespace": NS,
+            "name": f"{service}-{tag}",
+            "labels": {"kubernetes.io/service-name": service},
+        },
+        "ports": [{"name": "http", "port": port} for port in ports[:1]],
+        "endpoints": [
+            {
+                "addresses": ["127.0.0.1"],
+                "conditions": {"ready": ready, "serving": ready, "terminating": False},
+                "targetRef": {"kind": "Pod", "name": f"{service}-pod-{port}"},
+            }
+            for port in ports[:1]
+        ],
+    }
+
+
+def per_port(service: str, ports: list[int]) -> list[dict]:
+    """One slice per pod, since slice ports are per slice."""
+    return [endpoint_slice(service, [port], tag=str(port)) for port in ports]
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound, then released): connecting to it is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Rig:
+    def __init__(self, view: View, router: Router, client: TestClient) -> None:
+        self.view = view
+        self.router = router
+        self.client = client
+
+    @property
+    def url(self) -> str:
+        return str(self.client.make_url("")).rstrip("/")
+
+    def counter(self, name: str, **labels: str) -> float:
+        value = self.router.metrics.registry.get_sample_value(name, labels)
+        return value or 0.0
+
+
+@pytest.fixture
+async def pods(loaded):
+    """Two real warm servers on loopback (the pods of two services)."""
+    from support.server import make_config
+
+    async with (
+        serving(make_config(minilm_path()), loaded) as one,
+        serving(make_config(minilm_path()), loaded) as two,
+    ):
+        yield one.server.port, two.server.port
+
+
+async def make_rig(**config: Any) -> Rig:
+    view = View()
+    router = Router(RouterConfig(**config), view, None, Metrics())
+    router.synced.set()
+    client = TestClient(TestServer(build_app(router)))
+    await client.start_server()
+    return Rig(view, router, client)
+
+
+@pytest.fixture
+async def rig():
+    made: list[Rig] = []
+
+    async def build(**config: Any) -> Rig:
+        made.append(await make_rig(**config))
+        return made[-1]
+
+    yield build
+    for one in made:
+        await one.client.close()
+
+
+def names(view: View, services: list[dict], aliases: list[dict]) -> None:
+    view.on_listing(SERVICES, NS, services)
+    view.on_listing(ALIASES, NS, aliases)
+
+
+async def test_every_name_reaches_its_service_through_the_openai_sdk(rig, pods):
+    r = await rig()
+    names(r.view, [es("query"), es("docs")], [alias("search", "docs")])
+    r.view.on_listing(
+        SLICES, NS, [endpoint_slice("query", [pods[0]]), endpoint_slice("docs", [pods[1]])]
+    )
+
+    def call(model: str) -> tuple[str, str, int]:
+        client = openai.OpenAI(base_url=r.url + "/v1", api_key="-", max_retries=0)
+        raw = client.embeddings.with_raw_response.create(
+            model=model, input=["샘플 문장입니다", "hi"]
+        )
+        body = raw.parse()
+        return raw.headers[SERVICE_HEADER], raw.headers["X-Warmgate-Revision"], len(body.data)
+
+    answers = {
+        m: await asyncio.to_thread(call, m) for m in ("query", "docs", "search", f"{NS}/docs")
+    }
+    assert answers["query"][0] == f"{NS}/query"
+    assert answers["docs"][0] == f"{NS}/docs"
+    assert answers["search"][0] == f"{NS}/docs"
+    assert answers[f"{NS}/docs"][0] == f"{NS}/docs"
+    assert all(n == 2 for _, _, n in answers.values())
+
+    async with aiohttp.ClientSession() as session, session.get(r.url + "/v1/models") as response:
+        listed = {m["id"]: m for m in (await response.json())["data"]}
+    assert set(listed) == {"query", "docs", "search"}
+    assert listed["search"]["alias_of"] == f"{NS}/docs"
+    assert listed["search"]["kind"] == "EmbeddingAlias"
+    assert listed["docs"]["state"] == "ready" and listed["docs"]["root"] == MINILM
+
+
+async def test_tei_routes_take_the_model_from_a_header_or_the_path(rig, pods):
+    r = await rig()
+    names(r.view, [es("query"), es("docs")], [])
+    r.view.on_listing(
+        SLICES, NS, [endpoint_slice("query", [pods[0]]), endpoint_slice("docs", [pods[1]])]
+    )
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            r.url + "/embed", json={"inputs": ["a", "b"]}, headers={MODEL_HEADER: "docs"}
+        ) as response:
+            assert response.status == 200, await response.text()
+            assert response.headers[SERVICE_HEADER] == f"{NS}/docs"
+            assert len(await response.json()) == 2
+        async with session.post(
+            r.url + f"/models/{NS}/query/embed", json={"inputs": "a"}
+        ) as response:
+            assert response.status == 200, await response.text()
+            assert response.headers[SERVICE_HEADER] == f"{NS}/query"
+        async with session.post(r.url + "/embed", json={"inputs": "a"}) as response:
+            body = await response.json()
+            assert response.status == 400
+            assert "docs" in body["error"] and "query" in body["error"]
+
+
+async def test_unknown_names_conflicts_and_bad_bodies_get_a_clear_error(rig, pods):
+    r = await rig()
+    # An alias named like an older EmbeddingService is refused; the service keeps its name.
+    names(
+        r.view,
+        [es("docs")],
+        [alias("docs", "other"), alias("orphan", "gone"), alias("chain", "orphan")],
+    )
+    r.view.on_listing(SLICES, NS, [endpoint_slice("docs", [pods[1]])])
+    async with aiohttp.ClientSession() as session:
+
+        async def post(body: Any) -> tuple[int, dict]:
+            async with session.post(r.url + "/v1/embeddings", data=body) as response:
+                return response.status, await response.json()
+
+        status, body = await post(b'{"model": "nope", "input": "x"}')
+        assert status == 404 and body["error"]["code"] == "model_not_found"
+        assert "docs" in body["error"]["message"]
+        status, body = await post(b'{"model": "orphan", "input": "x"}')
+        assert status == 404 and "gone, which does not exist" in body["error"]["message"]
+        status, body = await post(b'{"model": "chain", "input": "x"}')
+        assert (
+            status == 404 and "an alias points at an EmbeddingService" in body["error"]["message"]
+        )
+        status, body = await post(b"{not json")
+        assert status == 400 and body["error"]["code"] == "invalid_json"
+        status, body = await post(b'{"model": "docs", "input": "x"}')
+        assert status == 200, body
+        # The pod's own validation still answers, through the router.
+        status, body = await post(b'{"model": "docs", "input": 7}')
+        assert status == 400 and body["error"]["param"] == "input"
+
+
+async def test_a_refused_connection_goes_to_another_pod_and_load_goes_to_the_least_busy(rig, pods):
+    r = await rig()
+    names(r.view, [es("docs", replicas=3)], [])
+    dead = free_port()
+    r.view.on_listing(SLICES, NS, per_port("docs", [dead, pods[0], pods[1]]))
+    picked: list[int] = []
+    pick = r.router.balancer.pick
+
+    def recording(endpoints, tried=()):
+        chosen = pick(endpoints, tried)
+        picked.append(chosen.port if chosen else 0)
+        return chosen
+
+    r.router.balancer.pick = recording
+    async with aiohttp.ClientSession() as session:
+
+        async def one(i: int) -> None:
+            body = {"model": "docs", "input": [f"text {i}"] * 4}
+            async with session.post(r.url + "/v1/embeddings", json=body) as response:
+                assert response.status == 200, await response.text()
+
+        await asyncio.gather(*(one(i) for i in range(24)))
+    assert r.counter("warmgate_router_connect_retries_total", service=f"{NS}/docs") >= 1
+    assert (
+        r.counter("warmgate_router_requests_total", model="docs", service=f"{NS}/docs", code="200")
+        == 24
+    )
+    # The refused pod was tried, then skipped; both live pods took a fair share of the 24.
+    assert dead in picked
+    assert min(picked.count(pods[0]), picked.count(pods[1])) >= 8, picked
+    assert r.router.balancer.in_flight == {}
+
+
+async def test_a_request_for_a_service_without_a_warm_pod_is_held_until_one_is_ready(rig, pods):
+    r = await rig(hold_seconds=30)
+    names(r.view, [es("docs")], [])
+    r.view.on_listing(SLICES, NS, [endpoint_slice("docs", [pods[0]], ready=False)])
+    async with aiohttp.ClientSession() as session:
+        started = time.monotonic()
+        request = asyncio.create_task(
+            session.post(r.url + "/v1/embeddings", json={"model": "docs", "input": "held"})
+        )
+        await asyncio.sleep(1.0)
+        assert not request.done()
+        assert r.router.held == 1
+        # The warm gate passes: the slice turns Ready.
+        r.view.on_change(SLICES, "MODIFIED", endpoint_slice("docs", [pods[0]], ready=True))
+        response = await request
+        waited = time.monotonic() - started
+        assert response.status == 200, await response.text()
+        held_ms = int(response.headers["X-Warmgate-Held-Ms"])
+        assert 900 <= held_ms <= waited * 1000 + 50
+        assert response.headers["X-Warmgate-Cold"] == "0"
+        response.release()
+    assert r.router.held == 0
+
+
+async def test_holding_is_bounded_in_time_and_count_and_ends_when_the_client_leaves(rig, pods):
+    r = await rig(hold_seconds=1.0, max_held_requests=1)
+    names(r.view, [es("docs"), es("off", replicas=0)], [])
+    async with aiohttp.ClientSession() as session:
+        started = time.monotonic()
+        async with session.post(
+            r.url + "/v1/embeddings", json={"model": "docs", "input": "x"}
+        ) as resp:
+            body = await resp.json()
+            assert resp.status == 503 and resp.headers["Retry-After"] == "5"
+            assert "no warm pod for 1 s" in body["error"]["message"]
+        assert 0.9 <= time.monotonic() - started < 5
+        # 0 replicas without scale to zero: refused at once, it would never get a pod.
+        async with session.post(
+            r.url + "/v1/embeddings", json={"model": "off", "input": "x"}
+        ) as resp:
+            body = await resp.json()
+            assert resp.status == 503 and "does not scale from zero" in body["error"]["message"]
+
+    r = await rig(hold_seconds=30, max_held_requests=1)
+    names(r.view, [es("docs")], [])
+    async with aiohttp.ClientSession() as first, aiohttp.ClientSession() as second:
+        held = asyncio.create_task(
+            first.post(r.url + "/v1/embeddings", json={"model": "docs", "input": "x"})
+        )
+        await asyncio.sleep(0.5)
+        async with second.post(
+            r.url + "/v1/embeddings", json={"model": "docs", "input": "y"}
+        ) as resp:
+            assert (
+                resp.status == 503
+                and "--max-held-requests 1" in (await resp.json())["error"]["message"]
+            )
+        held.cancel()  # the client hangs up
+        await first.close()
+    for _ in range(50):  # the router notices within its 0.25 s polling of the connection
+        if not r.router.held:
+            break
+        await asyncio.sleep(0.1)
+    assert r.router.held == 0
+    assert (
+        r.counter("warmgate_router_hold_seconds_count", service=f"{NS}/docs", outcome="client_gone")
+        == 1
+    )
+
+
+async def test_a_pod_that_closes_its_connections_loses_no_request(rig, pods, loaded):
+    """A standby or draining server answers `Connection: close` and closes idle connections:
+    the router's pool reconnects, no request fails."""
+    r = await rig()
+    names(r.view, [es("docs")], [])
+    r.view.on_listing(SLICES, NS, [endpoint_slice("docs", [pods[0]])])
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"http://127.0.0.1:{pods[0]}/role", json={"role": "standby"}
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+        statuses = []
+        for i in range(20):
+            async with session.post(
+                r.url + "/v1/embeddings", json={"model": "docs", "input": f"t{i}"}
+            ) as resp:
+                statuses.append(resp.status)
+                assert (
+                    resp.headers.get("Connection", "").lower() != "close"
+                )  # the client's own stays
+    assert statuses == [200] * 20
