@@ -40,13 +40,17 @@ def _say(message: str) -> None:
 
 def chart_values(hub_endpoint: str | None) -> list[str]:
     """The chart's settings for the devcluster: the images it built, never pulled (the
-    operator's and the server pods'), and the devcluster's model hub, which server pods
-    download their model from (no hub outside this machine can be reached)."""
+    operator's, the router's and the server pods'), and the devcluster's model hub, which
+    server pods download their model from (no hub outside this machine can be reached)."""
     repository, _, tag = images.OPERATOR.name.rpartition(":")
+    router_repository, _, router_tag = images.ROUTER.name.rpartition(":")
     values = [
         f"--set=image.repository={repository}",
         f"--set=image.tag={tag}",
         "--set=image.pullPolicy=Never",
+        f"--set=router.image.repository={router_repository}",
+        f"--set=router.image.tag={router_tag}",
+        "--set=router.image.pullPolicy=Never",
         f"--set=serverImage={images.SERVER.name}",
         "--set=serverImagePullPolicy=Never",
         "--set=logFormat=text",

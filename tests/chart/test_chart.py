@@ -1,5 +1,5 @@
 """The Helm chart: lints, renders what it promises, rejects bad values, and stays in sync with
-the operator's CRD and RBAC (its one source of truth)."""
+the operator's CRD and the operator's and router's RBAC (their one source of truth)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,15 @@ import pytest
 import yaml
 from support.tools import load_tool
 
+from warmgate_contract.names import NAME_LABEL, OPERATOR_NAME, ROUTER_NAME
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 CHART = ROOT / "charts" / "warmgate"
 GOLDEN = Path(__file__).parent / "golden"
+OPERATOR_RBAC = ROOT / "operator" / "warmgate_operator" / "rbac.yaml"
+ROUTER_RBAC = ROOT / "router" / "warmgate_router" / "rbac.yaml"
 
 sync_chart = load_tool("sync-chart")
 
@@ -47,8 +51,15 @@ def render(helm: str, *values: str) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
-def by_kind(docs: list[dict], kind: str) -> list[dict]:
-    return [doc for doc in docs if doc["kind"] == kind]
+def by_kind(docs: list[dict], kind: str, part: str | None = None) -> list[dict]:
+    """The documents of a kind; with `part` (OPERATOR_NAME, ROUTER_NAME), only that part's, by
+    its app.kubernetes.io/name label."""
+    return [
+        doc
+        for doc in docs
+        if doc["kind"] == kind
+        and (part is None or doc["metadata"].get("labels", {}).get(NAME_LABEL) == part)
+    ]
 
 
 def test_chart_lints(helm):
@@ -77,6 +88,9 @@ def test_chart_copies_are_in_sync_with_their_sources():
                 "serverImagePullSecrets={regcred,mirror-creds}",
                 "serverImagePullPolicy=Never",
                 "imagePullSecrets[0].name=operator-creds",
+                "router.image.tag=dev",
+                "router.service.type=NodePort",
+                "router.service.nodePort=30080",
             ],
         ),
     ],
@@ -94,8 +108,8 @@ def test_rendered_manifests_match_the_snapshot(helm, name, values):
 
 def test_default_install_is_cluster_wide_with_exactly_the_operators_rights(helm):
     docs = render(helm)
-    rbac = yaml.safe_load((ROOT / "operator" / "warmgate_operator" / "rbac.yaml").read_text())
-    (role,) = by_kind(docs, "ClusterRole")
+    rbac = yaml.safe_load(OPERATOR_RBAC.read_text())
+    (role,) = by_kind(docs, "ClusterRole", OPERATOR_NAME)
     assert role["rules"] == rbac["namespaced"]
     # The one Role: the leader Lease, in the release's namespace.
     (leases,) = by_kind(docs, "Role")
@@ -103,36 +117,41 @@ def test_default_install_is_cluster_wide_with_exactly_the_operators_rights(helm)
     assert leases["rules"] == rbac["leaderElection"]
     (lease_binding,) = by_kind(docs, "RoleBinding")
     assert lease_binding["roleRef"]["name"] == leases["metadata"]["name"]
-    (binding,) = by_kind(docs, "ClusterRoleBinding")
-    (account,) = by_kind(docs, "ServiceAccount")
+    (binding,) = by_kind(docs, "ClusterRoleBinding", OPERATOR_NAME)
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (account,) = by_kind(docs, "ServiceAccount", OPERATOR_NAME)
     assert binding["subjects"][0]["name"] == account["metadata"]["name"]
 
 
 def test_watching_namespaces_uses_roles_there(helm):
     docs = render(helm, "watchNamespaces={team-a,team-b}")
-    rbac = yaml.safe_load((ROOT / "operator" / "warmgate_operator" / "rbac.yaml").read_text())
-    roles = [r for r in by_kind(docs, "Role") if not r["metadata"]["name"].endswith("-election")]
+    rbac = yaml.safe_load(OPERATOR_RBAC.read_text())
+    roles = [
+        r
+        for r in by_kind(docs, "Role", OPERATOR_NAME)
+        if not r["metadata"]["name"].endswith("-election")
+    ]
     assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
     assert all(role["rules"] == rbac["namespaced"] for role in roles)
     # Nothing cluster-wide: kopf's scans of namespaces and CRDs are off.
     assert by_kind(docs, "ClusterRole") == [] and by_kind(docs, "ClusterRoleBinding") == []
-    (deployment,) = by_kind(docs, "Deployment")
+    (deployment,) = by_kind(docs, "Deployment", OPERATOR_NAME)
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
 
 
 def test_operator_deployment_is_replicated_restricted_and_probed(helm):
     docs = render(helm)
-    (deployment,) = by_kind(docs, "Deployment")
+    (deployment,) = by_kind(docs, "Deployment", OPERATOR_NAME)
     spec = deployment["spec"]
     # Two replicas, one leading at a time (the Lease), replaced one by one, and a budget
     # that keeps a node drain from taking both.
     assert spec["replicas"] == 2
     assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
-    (budget,) = by_kind(docs, "PodDisruptionBudget")
+    (budget,) = by_kind(docs, "PodDisruptionBudget", OPERATOR_NAME)
     assert budget["spec"]["maxUnavailable"] == 1
     assert budget["spec"]["selector"] == spec["selector"]
-    assert not by_kind(render(helm, "replicaCount=1"), "PodDisruptionBudget")
+    assert not by_kind(render(helm, "replicaCount=1"), "PodDisruptionBudget", OPERATOR_NAME)
     pod = spec["template"]["spec"]
     container = pod["containers"][0]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -154,7 +173,7 @@ def test_pod_monitors_are_off_by_default_and_scrape_both_when_on(helm):
         helm, "metrics.operatorPodMonitor.enabled=true", "metrics.serverPodMonitor.enabled=true"
     )
     operator, servers = by_kind(docs, "PodMonitor")
-    (deployment,) = by_kind(docs, "Deployment")
+    (deployment,) = by_kind(docs, "Deployment", OPERATOR_NAME)
     assert operator["spec"]["selector"] == deployment["spec"]["selector"]
     assert operator["spec"]["podMetricsEndpoints"][0]["port"] == "http"
     assert servers["spec"]["selector"]["matchLabels"] == {
@@ -178,6 +197,14 @@ def test_pod_monitors_are_off_by_default_and_scrape_both_when_on(helm):
         ("unknownValue=1", "unknownValue"),
         ("serverImagePullSecrets={Reg_Cred}", "serverImagePullSecrets"),
         ("serverImagePullPolicy=Sometimes", "serverImagePullPolicy"),
+        ("router.replicaCount=0", "replicaCount"),
+        ("router.holdSeconds=-1", "holdSeconds"),
+        ("router.maxHeldRequests=-1", "maxHeldRequests"),
+        ("router.activitySeconds=0", "activitySeconds"),
+        ("router.service.type=Headless", "type"),
+        ("router.podDisruptionBudget.minAvailable=most", "minAvailable"),
+        ("router.image.pullPolicy=Sometimes", "pullPolicy"),
+        ("router.unknownValue=1", "unknownValue"),
     ],
 )
 def test_bad_values_fail_at_install_with_the_value_named(helm, value, complaint):
@@ -238,7 +265,7 @@ def test_the_operator_accepts_every_argument_the_chart_renders(helm, values, exp
     values that were set."""
     from warmgate_operator.config import load_config
 
-    (deployment,) = by_kind(render(helm, *values), "Deployment")
+    (deployment,) = by_kind(render(helm, *values), "Deployment", OPERATOR_NAME)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert "command" not in container  # the image's ENTRYPOINT: python -m warmgate_operator
     config = load_config(container["args"], env={})
@@ -254,3 +281,204 @@ def test_the_server_pull_policy_value_offers_what_the_operator_accepts():
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert tuple(schema["properties"]["serverImagePullPolicy"]["enum"]) == PULL_POLICIES
+
+
+# ------------------------------------------------------------------ the router
+def router_docs(docs: list[dict]) -> list[dict]:
+    return [doc for doc in docs if doc["metadata"].get("labels", {}).get(NAME_LABEL) == ROUTER_NAME]
+
+
+def test_the_router_is_installed_by_default_replicated_restricted_and_probed(helm):
+    docs = render(helm)
+    (deployment,) = by_kind(docs, "Deployment", ROUTER_NAME)
+    (service,) = by_kind(docs, "Service", ROUTER_NAME)
+    (budget,) = by_kind(docs, "PodDisruptionBudget", ROUTER_NAME)
+    (account,) = by_kind(docs, "ServiceAccount", ROUTER_NAME)
+    assert {doc["metadata"]["name"] for doc in router_docs(docs)} == {"wg-warmgate-router"}
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    pod_labels = spec["template"]["metadata"]["labels"]
+    selector = spec["selector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()
+    # The Service and the budget select the router's pods and no operator pod.
+    (operator,) = by_kind(docs, "Deployment", OPERATOR_NAME)
+    operator_labels = operator["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"] == selector
+    assert not service["spec"]["selector"].items() <= operator_labels.items()
+    assert not operator["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert budget["spec"] == {"minAvailable": 1, "selector": {"matchLabels": selector}}
+    assert not by_kind(render(helm, "router.replicaCount=1"), "PodDisruptionBudget", ROUTER_NAME)
+
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/warmgate/warmgate-router:0.1.0"
+    assert container["ports"] == [{"name": "http", "containerPort": 8080}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["resources"] == {
+        "requests": {"cpu": "50m", "memory": "96Mi"},
+        "limits": {"memory": "256Mi"},
+    }
+    # Spread over nodes where it can be, never held Pending where it cannot.
+    (preference,) = pod["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    term = preference["podAffinityTerm"]
+    assert term == {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": selector},
+    }
+    # A node port, when asked for one.
+    (node_port,) = by_kind(
+        render(helm, "router.service.type=NodePort", "router.service.nodePort=30080"),
+        "Service",
+        ROUTER_NAME,
+    )
+    assert node_port["spec"]["type"] == "NodePort"
+    assert node_port["spec"]["ports"][0]["nodePort"] == 30080
+
+
+def test_router_disabled_renders_nothing_of_it_and_leaves_the_operator_as_it_was(helm):
+    with_router = render(helm)
+    without = render(helm, "router.enabled=false")
+    assert router_docs(without) == []
+    assert not [doc for doc in without if "router" in doc["metadata"]["name"]]
+    assert without == [doc for doc in with_router if doc not in router_docs(with_router)]
+
+
+@pytest.mark.parametrize("namespaced", [False, True])
+def test_the_routers_rights_are_exactly_its_rbac_yaml_where_the_operator_works(helm, namespaced):
+    values = ["watchNamespaces={team-a,team-b}"] if namespaced else []
+    docs = render(helm, *values)
+    rules = yaml.safe_load(ROUTER_RBAC.read_text())["namespaced"]
+    (account,) = by_kind(docs, "ServiceAccount", ROUTER_NAME)
+    role_kind, binding_kind = (
+        ("Role", "RoleBinding") if namespaced else ("ClusterRole", "ClusterRoleBinding")
+    )
+    roles = by_kind(docs, role_kind, ROUTER_NAME)
+    bindings = by_kind(docs, binding_kind, ROUTER_NAME)
+    assert [role["rules"] for role in roles] == [rules] * len(roles)
+    operator_roles = [
+        role
+        for role in by_kind(docs, role_kind, OPERATOR_NAME)
+        if not role["metadata"]["name"].endswith("-election")
+    ]
+    # The same namespaces as the operator (cluster-wide: one ClusterRole each).
+    where = sorted(role["metadata"].get("namespace", "*") for role in roles)
+    assert where == sorted(role["metadata"].get("namespace", "*") for role in operator_roles)
+    assert where == (["team-a", "team-b"] if namespaced else ["*"])
+    for role, binding in zip(roles, bindings, strict=True):
+        assert binding["metadata"].get("namespace") == role["metadata"].get("namespace")
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": role_kind,
+            "name": role["metadata"]["name"],
+        }
+        assert binding["subjects"] == [
+            {
+                "kind": "ServiceAccount",
+                "name": account["metadata"]["name"],
+                "namespace": "warmgate-system",
+            }
+        ]
+    if namespaced:
+        assert by_kind(docs, "ClusterRole") == [] and by_kind(docs, "ClusterRoleBinding") == []
+    assert not by_kind(render(helm, *values, "rbac.create=false"), role_kind, ROUTER_NAME)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (
+            [],
+            {
+                "namespaces": (),
+                "port": 8080,
+                "hold_seconds": 120.0,
+                "max_held_requests": 1000,
+                "activity_seconds": 10.0,
+                "log_format": "json",
+                "log_level": "INFO",
+            },
+        ),
+        (
+            [
+                "watchNamespaces={team-a,team-b}",
+                "router.holdSeconds=0",
+                "router.maxHeldRequests=50",
+                "router.activitySeconds=3",
+                "logFormat=text",
+                "logLevel=DEBUG",
+            ],
+            {
+                "namespaces": ("team-a", "team-b"),
+                "port": 8080,
+                "hold_seconds": 0.0,
+                "max_held_requests": 50,
+                "activity_seconds": 3.0,
+                "log_format": "text",
+                "log_level": "DEBUG",
+            },
+        ),
+    ],
+)
+def test_the_router_accepts_every_argument_the_chart_renders(helm, values, expected, monkeypatch):
+    """The chart and the router's flags cannot drift apart: the rendered args parse, to the
+    values that were set, and the port they name is the container's."""
+    from warmgate_router.config import parse_args
+
+    for name in [name for name in os.environ if name.startswith("WARMGATE_ROUTER_")]:
+        monkeypatch.delenv(name)
+    (deployment,) = by_kind(render(helm, *values), "Deployment", ROUTER_NAME)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "command" not in container  # the image's ENTRYPOINT: python -m warmgate_router
+    config = parse_args(container["args"])
+    assert {key: getattr(config, key) for key in expected} == expected
+    assert container["ports"] == [{"name": "http", "containerPort": config.port}]
+
+
+@pytest.mark.parametrize("who", ["tests", "quickstart"])
+def test_in_the_devcluster_every_pod_runs_an_image_it_built_and_never_pulls(helm, who):
+    """The devcluster has no registry: each image the chart names must be one it built and
+    imported, with a pull policy that never pulls (tests' installs and `make up` alike)."""
+    from types import SimpleNamespace
+
+    from support.chart import devcluster_values
+
+    from warmgate_devcluster import images, quickstart
+
+    hub = "http://10.200.1.1:8000"
+    if who == "tests":
+        values = devcluster_values(SimpleNamespace(hub_endpoint=hub))
+    else:
+        values = tuple(quickstart.chart_values(hub))
+    args = ["template", "wg", str(CHART), "--namespace", "warmgate-system", *values]
+    docs = [doc for doc in yaml.safe_load_all(run_helm(helm, *args).stdout) if doc]
+    built = {image.name for image in images.APP_IMAGES}
+    deployments = by_kind(docs, "Deployment")
+    assert {d["metadata"]["labels"][NAME_LABEL] for d in deployments} == {
+        OPERATOR_NAME,
+        ROUTER_NAME,
+    }
+    for deployment in deployments:
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["image"] in built
+        assert container["imagePullPolicy"] == "Never"
+    (operator,) = by_kind(docs, "Deployment", OPERATOR_NAME)
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--default-image={images.SERVER.name}" in args
+    assert "--server-image-pull-policy=Never" in args

@@ -26,6 +26,7 @@ from support.chart import (
     helm,
     log_messages,
     operator_log,
+    operator_selector,
     tiny_minilm,
     wait_until,
 )
@@ -52,9 +53,7 @@ REPLICAS = 2  # the chart's default replicaCount
 
 def operator_pods(cluster: Any, namespace: str, release: str) -> list[dict[str, Any]] | None:
     """The chart's operator pods, once all of them exist (None before)."""
-    pods = get_json(
-        cluster, "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}"
-    )["items"]
+    pods = get_json(cluster, "pods", "-n", namespace, "-l", operator_selector(release))["items"]
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     return live if len(live) == REPLICAS else None
 
@@ -224,7 +223,7 @@ def test_watching_one_namespace_runs_on_a_role_there_and_nothing_more(
             "--wait", "--timeout=3m",
         )  # fmt: skip
         (deployment,) = get_json(
-            devcluster, "deployment", "-n", namespace, "-l", f"app.kubernetes.io/instance={name}"
+            devcluster, "deployment", "-n", namespace, "-l", operator_selector(name)
         )["items"]
         account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
         user = f"system:serviceaccount:{namespace}:{account}"

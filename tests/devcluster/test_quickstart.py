@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from warmgate_contract.names import COLD_HEADER
+from warmgate_contract.names import COLD_HEADER, INSTANCE_LABEL, NAME_LABEL, OPERATOR_NAME
 from warmgate_devcluster import images, procs
 from warmgate_devcluster.cluster import DevCluster
 from warmgate_devcluster.config import ClusterConfig, repo_root
@@ -75,7 +75,7 @@ def test_make_up_serves_real_embeddings_through_the_service_and_make_down_stops_
         pods = json.loads(
             cluster.kubectl(
                 "get", "pods", "-n", OPERATOR_NAMESPACE, "-l",
-                f"app.kubernetes.io/instance={RELEASE}", "-o", "json",
+                f"{NAME_LABEL}={OPERATOR_NAME},{INSTANCE_LABEL}={RELEASE}", "-o", "json",
             ).stdout
         )["items"]  # fmt: skip
         running = [p for p in pods if p["status"].get("phase") == "Running"]

@@ -1,5 +1,5 @@
-"""Helpers for installing the chart into the devcluster, where its Deployment runs the operator
-image in-cluster under the chart's ServiceAccount."""
+"""Helpers for installing the chart into the devcluster, where its Deployments run the operator
+and router images in-cluster under the chart's ServiceAccounts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from warmgate_devcluster.images import OPERATOR, SERVER
+from warmgate_contract.names import INSTANCE_LABEL, NAME_LABEL, OPERATOR_NAME
+from warmgate_devcluster.images import OPERATOR, ROUTER, SERVER
 from warmgate_devcluster.testkit import (  # noqa: F401 - re-exported
     UNMAPPED_IMAGE,
     condition,
@@ -24,11 +25,13 @@ CHART = ROOT / "charts" / "warmgate"
 
 def devcluster_values(cluster: Any) -> tuple[str, ...]:
     """The devcluster's node holds the images the chart names, imported, never pulled (the
-    operator's and the server pods'); its
-    server pods download their model from the devcluster's hub."""
+    operator's, the router's and the server pods'); its server pods download their model from
+    the devcluster's hub."""
     return (
         "--set", f"image.repository={OPERATOR.name.rpartition(':')[0]}",
         "--set", "image.pullPolicy=Never",
+        "--set", f"router.image.repository={ROUTER.name.rpartition(':')[0]}",
+        "--set", "router.image.pullPolicy=Never",
         "--set", f"serverImage={SERVER.name}",
         "--set", "serverImagePullPolicy=Never",
         "--set", f"hubEndpoint={cluster.hub_endpoint}",
@@ -49,12 +52,16 @@ def helm(cluster: Any, *args: str, check: bool = True) -> subprocess.CompletedPr
     return result
 
 
+def operator_selector(release: str) -> str:
+    """The label selector of a release's operator pods (its router pods share the instance)."""
+    return f"{NAME_LABEL}={OPERATOR_NAME},{INSTANCE_LABEL}={release}"
+
+
 def operator_log(cluster: Any, namespace: str, release: str) -> str:
     """The in-cluster operator's log (`kubectl logs`, through kubelet)."""
     result = cluster.kubectl(
-        "logs", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}",
-        "--tail=-1", check=False,
-    )  # fmt: skip
+        "logs", "-n", namespace, "-l", operator_selector(release), "--tail=-1", check=False
+    )
     return result.stdout
 
 
