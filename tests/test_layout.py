@@ -13,10 +13,16 @@ def test_operator_and_server_folders_are_not_packages():
     # A top-level `operator` package shadows the standard library and breaks `python -m`.
     assert not (ROOT / "operator" / "__init__.py").exists()
     assert not (ROOT / "server" / "__init__.py").exists()
+    assert not (ROOT / "router" / "__init__.py").exists()
 
 
 def test_python_dash_m_runs_each_part_from_any_folder(tmp_path):
-    for module in ("warmgate_server", "warmgate_operator", "warmgate_devcluster"):
+    for module in (
+        "warmgate_server",
+        "warmgate_operator",
+        "warmgate_router",
+        "warmgate_devcluster",
+    ):
         result = subprocess.run(
             [sys.executable, "-m", module, "--help"],
             cwd=tmp_path,
