@@ -52,6 +52,7 @@ PACKAGES = {
     "operator": ROOT / "operator" / "warmgate_operator",
     "contract": ROOT / "contract" / "warmgate_contract",
     "devcluster": ROOT / "devcluster" / "warmgate_devcluster",
+    "router": ROOT / "router" / "warmgate_router",
 }
 # Tests of more than one module, or of a file that is not a module; named for what they check.
 ACROSS_MODULES = {

@@ -89,7 +89,7 @@ async def serve(config: RouterConfig, drain_seconds: float = 5.0) -> None:
     tasks.append(asyncio.create_task(synced()))
     await stop.wait()
     log.info("stopping: not ready, serving for %.0fs more", drain_seconds)
-    router.synced.clear()
+    router.draining = True
     await asyncio.sleep(drain_seconds)
     for task in tasks:
         task.cancel()

@@ -108,6 +108,9 @@ class Router:
         self._woken: dict[Key, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.synced = asyncio.Event()
+        self.draining = False
+        """After SIGTERM: every answer closes its connection, so a pooled client's next
+        request opens a new one through the Service, to another router replica."""
 
     # -- the pods' connections ------------------------------------------------------------
     def session(self) -> aiohttp.ClientSession:
@@ -447,6 +450,8 @@ class Router:
         return _json(200, {"status": "ok"})
 
     async def ready(self, request: web.Request) -> web.Response:
+        if self.draining:
+            return _json(503, {"status": "draining"})
         if not self.synced.is_set():
             return _json(503, {"status": "syncing"})
         return _json(200, {"status": "ready", "names": len(self.view.names.by_qualified)})
@@ -481,6 +486,12 @@ def build_app(router: Router) -> web.Application:
 
     async def closed(_: web.Application) -> None:
         await router.close()
+
+    async def prepare(request: web.Request, response: web.StreamResponse) -> None:
+        if router.draining:
+            response.force_close()
+
+    app.on_response_prepare.append(prepare)
 
     app.on_cleanup.append(closed)
     return app
