@@ -140,9 +140,10 @@ FLAGS: tuple[Flag, ...] = (
         "--openai-token-ids",
         "openai_token_ids",
         str,
-        "model",
-        "what token ids on the OpenAI route are: model (the model's own, as TEI) or "
-        "cl100k_base (OpenAI's tiktoken ids, as LangChain's OpenAIEmbeddings sends them)",
+        "cl100k_base",
+        "what token ids on the OpenAI route are: cl100k_base (OpenAI's tiktoken ids, what the "
+        "OpenAI API means and LangChain's OpenAIEmbeddings sends) or model (the model's own, "
+        "TEI's meaning, which the TEI routes always take)",
     ),
     Flag("--max-batch-tokens", "max_batch_tokens", int, 16384, "max padded tokens per batch"),
     Flag("--max-wait-ms", "max_wait_ms", float, 2.0, "max wait for a fuller batch"),

