@@ -70,6 +70,11 @@ class Answer:
     revision: str | None
     cold: str | None
     connection: str | None
+    sent: float = 0.0
+    service: str | None = None
+    """X-Warmgate-Service: which EmbeddingService answered (through warmgate-router)."""
+    vector: tuple[float, ...] = ()
+    """The embedding's first 16 components."""
 
 
 @dataclass
@@ -86,7 +91,9 @@ def through_service(kube, name: str) -> str:
 
 
 @contextmanager
-def pooled_load(url: str, threads: int = 2) -> Iterator[PooledLoad]:
+def pooled_load(
+    url: str, threads: int = 2, model: str = MODEL, text: str = POOLED_TEXT
+) -> Iterator[PooledLoad]:
     """`threads` threads sharing one OpenAI SDK client (one httpx pool, keep-alive, as a client
     application holds it), retries off, each sending one request after another to `url`:
     every answer with the pod, revision, cold flag and Connection header it came with, and
@@ -97,9 +104,11 @@ def pooled_load(url: str, threads: int = 2) -> Iterator[PooledLoad]:
 
     def send() -> None:
         while not stop.is_set():
+            sent = time.monotonic()
             try:
-                raw = sdk.embeddings.with_raw_response.create(model=MODEL, input=POOLED_TEXT)
-                assert len(raw.parse().data[0].embedding) == 384
+                raw = sdk.embeddings.with_raw_response.create(model=model, input=text)
+                embedding = raw.parse().data[0].embedding
+                assert len(embedding) == 384
                 headers = raw.headers
                 load.answers.append(
                     Answer(
@@ -108,6 +117,9 @@ def pooled_load(url: str, threads: int = 2) -> Iterator[PooledLoad]:
                         headers.get("x-warmgate-revision"),
                         headers.get("x-warmgate-cold"),
                         headers.get("connection"),
+                        sent,
+                        headers.get("x-warmgate-service"),
+                        tuple(float(v) for v in embedding[:16]),
                     )
                 )
             except Exception as error:

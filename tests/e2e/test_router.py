@@ -1,0 +1,284 @@
+"""warmgate-router end to end on the real node: the router in-cluster from its image (two
+replicas, the chart's own templates, RBAC and Service), EmbeddingServices served by real
+MiniLM pods, the operator as a process. Clients at their defaults through the router's node
+port: the OpenAI SDK (pooled, retries off), LangChain (tiktoken ids) and LlamaIndex.
+
+- Two services and an alias behind one address; the alias switched under load: 0 failed, every
+  answer that arrived before the switch from the old target, every request sent after the
+  first new answer from the new one, and each answer's vector from the service its header names.
+- A pod deleted and a rollout under pooled load through the router: 0 failed, 0 cold.
+- A router replica deleted under load: the other serves on, 0 failed.
+- Scale to zero after the idle window, then requests: held, answered warm, the hold time next
+  to the pod's start and warmup; past --max-held-requests a 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from support.chart import CHART, devcluster_values, helm
+from support.load import LOAD_TEXT, pooled_load, weights_of
+
+from warmgate_contract.names import SERVICE_HEADER
+from warmgate_devcluster.images import ROUTER
+from warmgate_devcluster.testkit import (
+    condition,
+    embedding_service,
+    wait_ready,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+SMALL = {"requests": {"cpu": "100m", "memory": "512Mi"}}
+MAX_HELD = 6
+
+
+class RouterInstall:
+    def __init__(self, kube, service: str, port: int) -> None:
+        self.kube = kube
+        self.service = service
+        self.url = f"http://{kube.devcluster.node_ip}:{port}"
+
+    def pods(self) -> list[dict]:
+        found = self.kube.get("pods", selector="app.kubernetes.io/name=warmgate-router") or {}
+        return [p for p in found.get("items", []) if not p["metadata"].get("deletionTimestamp")]
+
+    def get(self, path: str) -> tuple[int, dict, Any]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=30) as response:
+                return response.status, dict(response.headers), json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, dict(error.headers), json.loads(error.read() or b"null")
+
+    def post(self, path: str, body: Any, timeout: float = 200) -> tuple[int, dict, Any]:
+        request = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, dict(response.headers), json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, dict(error.headers), json.loads(error.read() or b"null")
+
+
+@pytest.fixture
+def router(kube, devcluster) -> Iterator[RouterInstall]:
+    """The chart's router templates, rendered for this namespace and applied."""
+    rendered = helm(
+        devcluster,
+        "template", "wg", str(CHART), "--namespace", kube.namespace,
+        *devcluster_values(devcluster),
+        "--set", f"watchNamespaces={{{kube.namespace}}}",
+        "--set", f"router.image.repository={ROUTER.name.rpartition(':')[0]}",
+        "--set", "router.image.pullPolicy=Never",
+        "--set", "router.service.type=NodePort",
+        "--set", f"router.maxHeldRequests={MAX_HELD}",
+        "--set", "router.resources.requests.cpu=20m",
+        "--show-only", "templates/router-deployment.yaml",
+        "--show-only", "templates/router-service.yaml",
+        "--show-only", "templates/router-serviceaccount.yaml",
+        "--show-only", "templates/router-rbac.yaml",
+        "--show-only", "templates/router-poddisruptionbudget.yaml",
+    ).stdout  # fmt: skip
+    documents = [d for d in yaml.safe_load_all(rendered) if d]
+    kube.run("apply", "-f", "-", input=rendered)
+    service = next(d["metadata"]["name"] for d in documents if d["kind"] == "Service")
+    found = wait_until(lambda: kube.get("service", service), 60, "the router's Service")
+    install = RouterInstall(kube, service, int(found["spec"]["ports"][0]["nodePort"]))
+
+    def ready() -> bool:
+        pods = install.pods()
+        return len(pods) == 2 and all(condition(p, "Ready").get("status") == "True" for p in pods)
+
+    wait_until(ready, 240, "two Ready router pods")
+    wait_until(lambda: install.get("/ready")[0] == 200, 60, "the router's node port")
+    yield install
+    for document in reversed(documents):
+        if document["metadata"].get("namespace", kube.namespace) == kube.namespace:
+            kube.run(
+                "delete",
+                document["kind"],
+                document["metadata"]["name"],
+                "--wait=false",
+                check=False,
+            )
+
+
+def served_by(answer, references) -> str | None:
+    return weights_of(list(answer.vector), references)
+
+
+def test_names_and_an_alias_switch_through_the_router_never_mix_vector_spaces(
+    kube, operator, router, reference_vectors, report
+) -> None:
+    kube.apply(
+        embedding_service("old", "v1", replicas=2, resources=SMALL, service={"type": "ClusterIP"})
+    )
+    kube.apply(
+        embedding_service(
+            "new", "v2", replicas=1, resources=SMALL, service={"type": "ClusterIP"},
+            model={"openaiTokenIds": "cl100k_base"},
+        )
+    )  # fmt: skip
+    kube.apply(
+        {
+            "apiVersion": "warmgate.dev/v1alpha1",
+            "kind": "EmbeddingAlias",
+            "metadata": {"name": "search"},
+            "spec": {"service": "old"},
+        }
+    )
+    wait_ready(kube, "old", "v1", replicas=2, timeout=420)
+    wait_ready(kube, "new", "v2", replicas=1, timeout=420)
+    status, _, listed = router.get("/v1/models")
+    assert status == 200
+    models = {m["id"]: m for m in listed["data"]}
+    assert set(models) == {"old", "new", "search"}
+    assert models["search"]["alias_of"] == f"{kube.namespace}/old"
+    wait_until(lambda: router.get("/v1/models")[2]["data"][0]["state"] == "ready", 60, "ready")
+
+    # The OpenAI SDK reaches each name; the answer says which service served it.
+    import openai
+
+    sdk = openai.OpenAI(base_url=router.url + "/v1", api_key="-", max_retries=0)
+    for name, service, revision in (
+        ("old", "old", "v1"),
+        ("new", "new", "v2"),
+        ("search", "old", "v1"),
+    ):
+        raw = sdk.embeddings.with_raw_response.create(model=name, input=LOAD_TEXT)
+        vector = list(raw.parse().data[0].embedding[:16])
+        assert raw.headers[SERVICE_HEADER] == f"{kube.namespace}/{service}"
+        assert raw.headers["x-warmgate-revision"] == revision
+        assert weights_of(vector, reference_vectors) == revision
+
+    # LangChain sends tiktoken ids by default; LlamaIndex batches at its own size.
+    from langchain_openai import OpenAIEmbeddings
+    from llama_index.embeddings.openai import OpenAIEmbedding
+
+    chain = OpenAIEmbeddings(model="new", base_url=router.url + "/v1", api_key="-", max_retries=0)
+    vectors = chain.embed_documents([LOAD_TEXT, "샘플 문장입니다"])
+    assert weights_of(vectors[0][:16], reference_vectors) == "v2"
+    index = OpenAIEmbedding(model_name="old", api_base=router.url + "/v1", api_key="-")
+    batch = index.get_text_embedding_batch([LOAD_TEXT] * 12)
+    assert {weights_of(v[:16], reference_vectors) for v in batch} == {"v1"}
+
+    # The alias switched under pooled load.
+    with pooled_load(router.url + "/v1", threads=3, model="search", text=LOAD_TEXT) as load:
+        wait_until(lambda: len(load.answers) >= 30, 60, "answers before the switch")
+        switched = time.monotonic()
+        kube.patch("embeddingalias", "search", {"spec": {"service": "new"}})
+        wait_until(
+            lambda: any(a.service.endswith("/new") for a in load.answers if a.service),
+            30,
+            "an answer from the new target",
+        )
+        first_new = min(a.at for a in load.answers if a.service and a.service.endswith("/new"))
+        wait_until(lambda: len([a for a in load.answers if a.sent > first_new]) >= 30, 60, "more")
+    answers = load.answers
+    assert load.errors == []
+    for answer in answers:
+        revision = served_by(answer, reference_vectors)
+        expected = "v1" if answer.service.endswith("/old") else "v2"
+        assert revision == expected, f"{answer.service} answered with {revision}'s weights"
+    before = [a for a in answers if a.at < switched]
+    after = [a for a in answers if a.sent > first_new]
+    assert before and all(a.service.endswith("/old") for a in before)
+    assert after and all(a.service.endswith("/new") for a in after)
+    report(
+        f"alias switch: {len(answers)} answers, 0 failed; first answer from the new target "
+        f"{first_new - switched:.2f} s after the patch"
+    )
+
+    # A pod deleted and a rollout (a model reload) under pooled load: 0 failed, 0 cold.
+    with pooled_load(router.url + "/v1", threads=2, model="old", text=LOAD_TEXT) as load:
+        wait_until(lambda: len(load.answers) >= 20, 60, "answers")
+        victim = kube.pods("old")[0]["metadata"]["name"]
+        kube.run("delete", "pod", victim, "--wait=false")
+        kube.patch("embeddingservice", "old", {"spec": {"model": {"revision": "v2"}}})
+        wait_ready(kube, "old", "v2", replicas=2, timeout=420)
+        count = len(load.answers)
+        wait_until(lambda: len(load.answers) >= count + 20, 60, "answers after the rollout")
+    assert load.errors == []
+    assert {a.cold for a in load.answers} == {"0"}
+    assert load.answers[-1].revision == "v2"
+
+    # A router replica deleted under load: the other one serves on.
+    with pooled_load(router.url + "/v1", threads=2, model="new", text=LOAD_TEXT) as load:
+        wait_until(lambda: len(load.answers) >= 20, 60, "answers")
+        kube.run("delete", "pod", router.pods()[0]["metadata"]["name"], "--wait=true")
+        count = len(load.answers)
+        wait_until(lambda: len(load.answers) >= count + 40, 90, "answers after a router left")
+    assert load.errors == []
+
+
+def test_scale_to_zero_and_back_holds_requests_and_answers_them_warm(
+    kube, operator, router, report
+) -> None:
+    kube.apply(
+        embedding_service(
+            "idle", "v1", replicas=1, resources=SMALL, service={"type": "ClusterIP"},
+            autoscaling={
+                "enabled": True, "minReplicas": 0, "maxReplicas": 2,
+                "scaleToZero": {"idleSeconds": 10},
+            },
+        )
+    )  # fmt: skip
+    wait_ready(kube, "idle", "v1", replicas=1, timeout=420)
+
+    def at_zero() -> dict | None:
+        emb = kube.get("embeddingservice", "idle") or {}
+        ready = condition(emb, "Ready")
+        scaled = emb.get("spec", {}).get("replicas") == 0 and ready.get("reason") == "ScaledToZero"
+        return emb if scaled and not kube.pods("idle") else None
+
+    wait_until(at_zero, 180, "the operator to scale the idle service to zero")
+    printed = kube.run("get", "emb", "idle").stdout
+    assert "ScaledToZero" in printed
+    _, _, listed = router.get("/v1/models")
+    assert {m["id"]: m["state"] for m in listed["data"]}["idle"] == "scaled-to-zero"
+
+    # A burst while at zero: MAX_HELD held and answered warm, the rest refused at once.
+    results: list[tuple[int, dict, Any]] = []
+    started = time.monotonic()
+
+    def one(index: int) -> None:
+        results.append(router.post("/v1/embeddings", {"model": "idle", "input": f"wake {index}"}))
+
+    # Held requests are spread over both router replicas by kube-proxy: each holds up to
+    # MAX_HELD; 3 * MAX_HELD sent at once leave some past the limit on at least one replica.
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(3 * MAX_HELD)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    woke = time.monotonic() - started
+    served = [r for r in results if r[0] == 200]
+    refused = [r for r in results if r[0] == 503]
+    assert len(served) + len(refused) == 3 * MAX_HELD, [r[0] for r in results]
+    assert served and refused
+    assert all(r[1].get("X-Warmgate-Cold") == "0" for r in served)
+    assert all(r[1].get("Retry-After") for r in refused)
+    assert all("--max-held-requests" in r[2]["error"]["message"] for r in refused)
+    held_ms = max(int(r[1]["X-Warmgate-Held-Ms"]) for r in served)
+    pod = kube.pods("idle")[0]
+    created = pod["metadata"]["creationTimestamp"]
+    emb = kube.get("embeddingservice", "idle")
+    warmup = (emb.get("status") or {}).get("warmupSeconds")
+    report(
+        f"scale from zero: {len(served)} held requests answered warm, longest hold "
+        f"{held_ms / 1000:.1f} s (all answered {woke:.1f} s after the burst); pod created "
+        f"{created}, warmup {warmup} s; {len(refused)} refused past --max-held-requests"
+    )
+    assert held_ms / 1000 <= woke + 1
