@@ -139,6 +139,11 @@ bench-server-infinity: ## Install Infinity into its own venv (~/.cache/warmgate/
 	$(PYTHON) -m venv $(HOME)/.cache/warmgate/infinity-venv
 	$(HOME)/.cache/warmgate/infinity-venv/bin/pip install --quiet "infinity-emb[server,torch]==0.0.78" torch==2.15.0
 
+.PHONY: bench-router
+bench-router: ## warmgate-router against the Service directly (latency added, throughput, CPU), scale from zero
+	+$(preflight)
+	$(PY) bench/router/bench_router.py
+
 .PHONY: bench-scaleout
 bench-scaleout: ## Decision to capacity on a scale-out, with and without a standby pod, two models
 	+$(preflight)
