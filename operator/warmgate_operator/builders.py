@@ -591,7 +591,9 @@ def build_hpa(spec: EmbeddingServiceSpec, owner: Owner) -> dict[str, Any] | None
             # pods and selects them only, so idle standby pods neither dilute the metrics nor
             # count as capacity; the operator sizes the Deployment as serving + standby.
             "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": owner.name},
-            "minReplicas": autoscaling.min_replicas,
+            # An HPA cannot scale to or from zero: it owns 1..max, and at 0 replicas of its
+            # target it stops acting (ScalingDisabled) until warmgate-router sets 1 again.
+            "minReplicas": max(1, autoscaling.min_replicas),
             "maxReplicas": autoscaling.max_replicas,
             "metrics": metrics,
             "behavior": {

@@ -26,6 +26,9 @@ MAX_BACKOFF_SECONDS = 300.0
 
 class Result(Protocol):
     requeue_after: float | None
+    """A failure's retry, backed off further on each repeat."""
+    recheck_after: float | None
+    """No failure: reconcile again after this long (an idle window's end), as it is."""
 
 
 class Controller:
@@ -175,4 +178,6 @@ class Controller:
             )
         else:
             self._failures.pop(key, None)
+            if result.recheck_after is not None:
+                self.enqueue_after(key, result.recheck_after)
         logger.debug("reconciled %s/%s in %.3fs", *key, time.monotonic() - started)

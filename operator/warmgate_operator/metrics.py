@@ -98,6 +98,12 @@ class Metrics:
             buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
             registry=registry,
         )
+        self.scaled_to_zero = Counter(
+            "warmgate_operator_scaled_to_zero",
+            "EmbeddingServices scaled to zero after autoscaling.scaleToZero.idleSeconds "
+            "without a request.",
+            registry=registry,
+        )
         self.pod_calls = Counter(
             "warmgate_operator_pod_calls",
             "Calls to server pods (/ready, /warmup/profile, verification), by path and result.",

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from warmgate_contract.names import SPEC_HASH_ANNOTATION
+from warmgate_contract.names import REASON_SCALED_TO_ZERO, SPEC_HASH_ANNOTATION
 
-from . import apply
+from . import apply, idle
 from .builders import Owner, build_children, configmap_name
 from .config import OperatorConfig
 from .events import EventRecorder
@@ -72,6 +72,9 @@ class Reconciler:
 @dataclass(frozen=True)
 class ReconcileResult:
     requeue_after: float | None = None
+    """Retry after a failure (the controller backs off further on repeated ones)."""
+    recheck_after: float | None = None
+    """Nothing failed, but reconcile again then: when an idle window ends (scale to zero)."""
 
 
 async def _apply_children(
@@ -180,8 +183,21 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
     if not applied:
         deployment = ctx.cache.child(DEPLOYMENT, owner.namespace, owner.name)
     pods = ctx.cache.owned(POD, owner.namespace, owner.name)
-    status = compute_status(spec, body, deployment, pods, ctx.clock(), problem)
+    previous = body.get("status") or {}
+    asleep = None
+    if spec is not None and spec.scaled_to_zero:
+        asleep = idle.asleep_message(previous, idle.Activity.of(body), seen)
+    status = compute_status(spec, body, deployment, pods, ctx.clock(), problem, asleep)
     if spec is not None:
+        status.update(
+            idle.zero_status(
+                previous,
+                spec.autoscaling.scale_to_zero is not None,
+                spec.scaled_to_zero,
+                int(status.get("servingReplicas") or 0),
+                seen,
+            )
+        )
         scale_out = track_scale_out(
             body.get("status") or {}, spec.serving_replicas, status, ctx.now(), seen
         )
@@ -198,12 +214,78 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
     degraded = newly_degraded(body.get("status") or {}, status)
     if degraded is not None and problem is None:  # a problem above already has its Event
         await ctx.recorder.record(body, "Warning", degraded["reason"], degraded["message"])
+    resource_version = (body.get("metadata") or {}).get("resourceVersion")
     if status != body.get("status"):
-        resource_version = (body.get("metadata") or {}).get("resourceVersion")
         written = await write_status(ctx.client, owner, status, resource_version)
         # Its watch event then changes nothing and reconciles nothing again.
         ctx.cache.record(EMBEDDING_SERVICE, written)
-    return ReconcileResult(requeue_after=requeue)
+        if written is None:
+            return ReconcileResult(requeue_after=requeue)  # the newer object reconciles again
+        resource_version = written["metadata"].get("resourceVersion")
+    recheck = None
+    if spec is not None and spec.autoscaling.scale_to_zero is not None:
+        recheck = await _idle(ctx, body, spec, owner, status, resource_version, seen)
+    return ReconcileResult(requeue_after=requeue, recheck_after=recheck)
+
+
+async def _idle(
+    ctx: Reconciler,
+    body: Mapping[str, Any],
+    spec: Any,
+    owner: Owner,
+    status: Mapping[str, Any],
+    resource_version: str | None,
+    now: float,
+) -> float | None:
+    """Scale to zero, decided from the status just computed (a wake, or a first pod serving,
+    is recorded there) once the children and the status are written; the scale write's own
+    event reconciles again. Otherwise: when to look again."""
+    degraded = next((c for c in status.get("conditions") or [] if c["type"] == "Degraded"), {})
+    decision = idle.decide(
+        spec.autoscaling.scale_to_zero.idle_seconds,
+        spec.serving_replicas == 0,
+        idle.Activity.of({**body, "status": status}),
+        now,
+        failing=degraded.get("status") == "True",
+    )
+    if decision.scale_to_zero:
+        await _scale_to_zero(ctx, body, owner, decision, spec, resource_version)
+        return None
+    return decision.recheck_after
+
+
+async def _scale_to_zero(
+    ctx: Reconciler,
+    body: Mapping[str, Any],
+    owner: Owner,
+    decision: idle.IdleDecision,
+    spec: Any,
+    resource_version: str | None,
+) -> bool:
+    """Set spec.replicas to 0 through the scale subresource (as the HPA and kubectl scale
+    do), only if the object is still the one the decision was made from (`resource_version`:
+    as read, or as this reconcile's status write left it): a request annotation
+    warmgate-router wrote meanwhile fails the test, and its own event reconciles again. True
+    when it wrote."""
+    operations = [
+        {"op": "test", "path": "/metadata/uid", "value": owner.uid},
+        {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+        {"op": "replace", "path": "/spec/replicas", "value": 0},
+    ]
+    try:
+        await ctx.client.json_patch(
+            EMBEDDING_SERVICE, owner.namespace, owner.name, operations, subresource="scale"
+        )
+    except ApiError as error:
+        logger.info("%s/%s not scaled to zero: %s", owner.namespace, owner.name, error)
+        return False
+    message = idle.scaled_event_message(
+        decision.idle_seconds, spec.autoscaling.scale_to_zero.idle_seconds
+    )
+    await ctx.recorder.record(body, "Normal", REASON_SCALED_TO_ZERO, message)
+    if ctx.metrics is not None:
+        ctx.metrics.scaled_to_zero.inc()
+    return True
 
 
 async def _adopt_hpa_replicas(

@@ -186,9 +186,17 @@ class PodsMetric:
 
 
 @dataclass(frozen=True)
+class ScaleToZeroSpec:
+    """Scale to zero after `idle_seconds` without a request (idle.py decides)."""
+
+    idle_seconds: int = 300
+
+
+@dataclass(frozen=True)
 class AutoscalingSpec:
     enabled: bool = False
     min_replicas: int = 1
+    """0 only with `scale_to_zero`: the HPA itself keeps at least 1 (builders.build_hpa)."""
     max_replicas: int = 4
     target_cpu_utilization_percentage: int | None = 70
     pods_metric: PodsMetric | None = None
@@ -198,6 +206,7 @@ class AutoscalingSpec:
     scale_down: ScalingRules = field(
         default_factory=lambda: ScalingRules(stabilization_window_seconds=300)
     )
+    scale_to_zero: ScaleToZeroSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -259,8 +268,16 @@ class EmbeddingServiceSpec:
         return self.replicas
 
     @property
+    def scaled_to_zero(self) -> bool:
+        """Idle at zero (autoscaling.scaleToZero and spec.replicas 0): no pod runs."""
+        return self.autoscaling.scale_to_zero is not None and self.serving_replicas == 0
+
+    @property
     def pod_replicas(self) -> int:
-        """The Deployment's replicas: serving pods and the standby pool."""
+        """The Deployment's replicas: serving pods and the standby pool; none at all while
+        scaled to zero (a warm pool for a service nobody calls is what scaling to zero saves)."""
+        if self.scaled_to_zero:
+            return 0
         return self.serving_replicas + self.standby_replicas
 
     @property
@@ -323,6 +340,14 @@ def _scaling(raw: Mapping[str, Any], default: ScalingRules, where: str) -> Scali
         max_percent_per_period=_int(raw, "maxPercentPerPeriod", None, where),
         period_seconds=_int(raw, "periodSeconds", default.period_seconds, where),
     )
+
+
+def _scale_to_zero(autoscaling: Mapping[str, Any]) -> ScaleToZeroSpec | None:
+    if autoscaling.get("scaleToZero") is None:
+        return None
+    raw = _section(autoscaling, "scaleToZero")
+    where = "spec.autoscaling.scaleToZero"
+    return ScaleToZeroSpec(_int(raw, "idleSeconds", ScaleToZeroSpec.idle_seconds, where))
 
 
 def _model_source(model_raw: Mapping[str, Any]) -> ModelSource:
@@ -495,6 +520,7 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         pods_metric=pods_metric,
         scale_up=_scaling(_section(a, "scaleUp"), da.scale_up, "spec.autoscaling.scaleUp"),
         scale_down=_scaling(_section(a, "scaleDown"), da.scale_down, "spec.autoscaling.scaleDown"),
+        scale_to_zero=_scale_to_zero(a),
     )
 
     db = _section(raw, "disruptionBudget")
@@ -572,6 +598,7 @@ def _check(spec: EmbeddingServiceSpec) -> None:
         raise SpecError(f"spec.podLabels: {ROLE_LABEL} is the operator's (serving or standby)")
     if spec.autoscaling.enabled and spec.autoscaling.min_replicas > spec.autoscaling.max_replicas:
         raise SpecError("spec.autoscaling.minReplicas must be <= spec.autoscaling.maxReplicas")
+    _check_scale_to_zero(spec.autoscaling)
     for name, values in (
         ("spec.warmup.batchSizes", spec.warmup.batch_sizes),
         ("spec.warmup.sequenceBuckets", spec.warmup.sequence_buckets),
@@ -586,6 +613,25 @@ def _check(spec: EmbeddingServiceSpec) -> None:
             f"spec.volumes: {', '.join(taken)} is the name of a volume warmgate mounts itself "
             f"({', '.join(RESERVED_VOLUMES)}): rename yours"
         )
+
+
+def _check_scale_to_zero(autoscaling: AutoscalingSpec) -> None:
+    """The CRD's rules on scaleToZero, for objects stored before them."""
+    if autoscaling.min_replicas < 0:
+        raise SpecError("spec.autoscaling.minReplicas must be 0 or more")
+    if autoscaling.scale_to_zero is None:
+        if autoscaling.min_replicas == 0:
+            raise SpecError(
+                "spec.autoscaling.minReplicas 0 needs spec.autoscaling.scaleToZero: set it, or "
+                "set minReplicas to 1 or more"
+            )
+        return
+    if autoscaling.min_replicas != 0:
+        raise SpecError("spec.autoscaling.scaleToZero needs spec.autoscaling.minReplicas 0")
+    if not autoscaling.enabled:
+        raise SpecError("spec.autoscaling.scaleToZero needs spec.autoscaling.enabled true")
+    if autoscaling.scale_to_zero.idle_seconds < 1:
+        raise SpecError("spec.autoscaling.scaleToZero.idleSeconds must be at least 1")
 
 
 class ParsedSpecs:

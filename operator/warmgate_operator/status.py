@@ -19,6 +19,7 @@ from warmgate_contract.names import (
     REASON_MEMORY_EXCEEDED,
     REASON_MODEL_MISMATCH,
     REASON_REVISION_MISMATCH,
+    REASON_SCALED_TO_ZERO,
     SERVER_CONTAINER,
     SPEC_HASH_ANNOTATION,
     WARMED_CONDITION,
@@ -242,6 +243,8 @@ class Facts:
     replica_failure: str | None
     failing: Failing | None
     problem: Problem | None
+    asleep: str | None = None
+    """Scaled to zero by autoscaling.scaleToZero: why, and how it wakes (idle.asleep_message)."""
 
     @property
     def rollout_done(self) -> bool:
@@ -260,6 +263,7 @@ class Facts:
         deployment: Mapping[str, Any] | None,
         live: Sequence[Mapping[str, Any]],
         problem: Problem | None,
+        asleep: str | None = None,
     ) -> Facts:
         dep_status = _get(deployment, "status", default={})
         if deployment is not None and _get(deployment, "spec", "replicas") is not None:
@@ -291,6 +295,7 @@ class Facts:
             ),
             failing=_failing_pod(live),
             problem=problem,
+            asleep=asleep,
         )
 
 
@@ -298,6 +303,8 @@ def degraded_condition(facts: Facts) -> Condition:
     """Degraded: something a person should act on."""
     if facts.problem is not None:
         return Condition("Degraded", "True", facts.problem.reason, facts.problem.message)
+    if facts.asleep is not None:  # what the last pods did no longer matters
+        return Condition("Degraded", "False", REASON_SCALED_TO_ZERO, "no pods are wanted")
     if facts.deadline_exceeded:
         return Condition("Degraded", "True", "ProgressDeadlineExceeded", facts.deadline_message)
     if facts.replica_failure is not None:
@@ -320,6 +327,10 @@ def progressing_condition(facts: Facts) -> Condition:
     f = facts
     if not f.deployment_exists:
         return Condition("Progressing", "True", "Creating", "creating the Deployment")
+    if f.asleep is not None:  # towards zero: no rollout can fail
+        if f.replicas > 0:
+            return Condition("Progressing", "True", "ScalingToZero", f"{f.replicas} pods stopping")
+        return Condition("Progressing", "False", REASON_SCALED_TO_ZERO, "no pods are wanted")
     if f.deadline_exceeded:
         return Condition(
             "Progressing",
@@ -361,6 +372,8 @@ def ready_condition(facts: Facts) -> Condition:
     f = facts
     if f.problem is not None and f.problem.blocking:
         return Condition("Ready", "False", f.problem.reason, f.problem.message)
+    if f.asleep is not None:
+        return Condition("Ready", "False", REASON_SCALED_TO_ZERO, f.asleep)
     if not f.deployment_exists:
         return Condition("Ready", "False", "Creating", "creating the Deployment")
     if f.desired == 0 and f.rollout_done:
@@ -394,10 +407,11 @@ def evaluate(
     deployment: Mapping[str, Any] | None,
     pods: Iterable[Mapping[str, Any]],
     problem: Problem | None = None,
+    asleep: str | None = None,
 ) -> tuple[dict[str, Any], list[Condition]]:
     """Counts and conditions, without times or generations."""
     live = _live(pods)
-    facts = Facts.gather(spec, deployment, live, problem)
+    facts = Facts.gather(spec, deployment, live, problem, asleep)
     pool = spec is not None and spec.standby_replicas > 0
     template = _get(deployment, "spec", "template", "metadata", "annotations", default={})
     roles = count([Member.of(p, template.get(SPEC_HASH_ANNOTATION)) for p in live], pool)
@@ -462,13 +476,15 @@ def compute_status(
     pods: Iterable[Mapping[str, Any]],
     now: str,
     problem: Problem | None = None,
+    asleep: str | None = None,
 ) -> dict[str, Any]:
-    """The whole `status` for `body` (the EmbeddingService as last seen)."""
+    """The whole `status` for `body` (the EmbeddingService as last seen). `asleep`: the Ready
+    message while autoscaling.scaleToZero holds it at zero."""
     meta = body["metadata"]
     previous = body.get("status") or {}
     generation = int(meta.get("generation") or 0)
     pods = list(pods)
-    counts, conditions = evaluate(spec, meta["name"], deployment, pods, problem)
+    counts, conditions = evaluate(spec, meta["name"], deployment, pods, problem, asleep)
     status: dict[str, Any] = {"observedGeneration": generation, **counts}
     for key in CARRIED_FIELDS:
         if key in previous:

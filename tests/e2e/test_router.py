@@ -23,15 +23,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
-from support.chart import CHART, devcluster_values, helm
 from support.load import LOAD_TEXT, pooled_load, weights_of
 
 from warmgate_contract.names import SERVICE_HEADER
-from warmgate_devcluster.images import ROUTER
 from warmgate_devcluster.testkit import (
+    ROUTER_SELECTOR,
     condition,
     embedding_service,
+    node_port,
+    render_router,
     wait_ready,
     wait_until,
 )
@@ -49,7 +49,7 @@ class RouterInstall:
         self.url = f"http://{kube.devcluster.node_ip}:{port}"
 
     def pods(self) -> list[dict]:
-        found = self.kube.get("pods", selector="app.kubernetes.io/name=warmgate-router") or {}
+        found = self.kube.get("pods", selector=ROUTER_SELECTOR) or {}
         return [p for p in found.get("items", []) if not p["metadata"].get("deletionTimestamp")]
 
     def get(self, path: str) -> tuple[int, dict, Any]:
@@ -75,44 +75,16 @@ class RouterInstall:
 @pytest.fixture
 def router(kube, devcluster) -> Iterator[RouterInstall]:
     """The chart's router templates, rendered for this namespace and applied."""
-    rendered = helm(
-        devcluster,
-        "template", "wg", str(CHART), "--namespace", kube.namespace,
-        *devcluster_values(devcluster),
-        "--set", f"watchNamespaces={{{kube.namespace}}}",
-        "--set", f"router.image.repository={ROUTER.name.rpartition(':')[0]}",
-        "--set", "router.image.pullPolicy=Never",
+    service = render_router(
+        kube,
         "--set", "router.service.type=NodePort",
         "--set", f"router.maxHeldRequests={MAX_HELD}",
         "--set", "router.resources.requests.cpu=20m",
-        "--show-only", "templates/router-deployment.yaml",
-        "--show-only", "templates/router-service.yaml",
-        "--show-only", "templates/router-serviceaccount.yaml",
-        "--show-only", "templates/router-rbac.yaml",
-        "--show-only", "templates/router-poddisruptionbudget.yaml",
-    ).stdout  # fmt: skip
-    documents = [d for d in yaml.safe_load_all(rendered) if d]
-    kube.run("apply", "-f", "-", input=rendered)
-    service = next(d["metadata"]["name"] for d in documents if d["kind"] == "Service")
-    found = wait_until(lambda: kube.get("service", service), 60, "the router's Service")
-    install = RouterInstall(kube, service, int(found["spec"]["ports"][0]["nodePort"]))
-
-    def ready() -> bool:
-        pods = install.pods()
-        return len(pods) == 2 and all(condition(p, "Ready").get("status") == "True" for p in pods)
-
-    wait_until(ready, 240, "two Ready router pods")
+    )  # fmt: skip
+    install = RouterInstall(kube, service, node_port(kube, service))
     wait_until(lambda: install.get("/ready")[0] == 200, 60, "the router's node port")
     yield install
-    for document in reversed(documents):
-        if document["metadata"].get("namespace", kube.namespace) == kube.namespace:
-            kube.run(
-                "delete",
-                document["kind"],
-                document["metadata"]["name"],
-                "--wait=false",
-                check=False,
-            )
+    # The router's objects go with the test's namespace.
 
 
 def served_by(answer, references) -> str | None:
@@ -120,7 +92,7 @@ def served_by(answer, references) -> str | None:
 
 
 def test_names_and_an_alias_switch_through_the_router_never_mix_vector_spaces(
-    kube, operator, router, reference_vectors, report
+    kube, operator, router, reference_vectors, report, tiktoken_cache, monkeypatch
 ) -> None:
     kube.apply(
         embedding_service("old", "v1", replicas=2, resources=SMALL, service={"type": "ClusterIP"})
@@ -167,6 +139,7 @@ def test_names_and_an_alias_switch_through_the_router_never_mix_vector_spaces(
     from langchain_openai import OpenAIEmbeddings
     from llama_index.embeddings.openai import OpenAIEmbedding
 
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tiktoken_cache))
     chain = OpenAIEmbeddings(model="new", base_url=router.url + "/v1", api_key="-", max_retries=0)
     vectors = chain.embed_documents([LOAD_TEXT, "샘플 문장입니다"])
     assert weights_of(vectors[0][:16], reference_vectors) == "v2"

@@ -668,3 +668,26 @@ def test_each_model_source_gives_the_server_its_files():
     assert env_of(baked)["HF_HUB_OFFLINE"] == "1" and "HF_HOME" not in env_of(baked)
     baked = container(children(**{"model.source": {"baked": {"path": "/models/m"}}}).deployment)
     assert "--model=/models/m" in baked["args"]
+
+
+SCALE_TO_ZERO = {
+    "autoscaling.enabled": True,
+    "autoscaling.minReplicas": 0,
+    "autoscaling.maxReplicas": 4,
+    "autoscaling.scaleToZero": {"idleSeconds": 60},
+}
+
+
+def test_at_zero_the_deployment_runs_no_pod_and_the_hpa_keeps_one_to_max() -> None:
+    """The HPA cannot scale to or from zero: it owns 1..max (at 0 replicas of its target it
+    stops acting), while the operator sizes the Deployment at 0, the standby pool too."""
+    asleep = children(replicas=0, standbyReplicas=2, **SCALE_TO_ZERO)
+    assert asleep.deployment["spec"]["replicas"] == 0
+    assert asleep.hpa["spec"]["minReplicas"] == 1
+    assert asleep.hpa["spec"]["maxReplicas"] == 4
+    assert asleep.pdb is None  # at most one pod is the fewest it runs
+    awake = children(replicas=1, standbyReplicas=2, **SCALE_TO_ZERO)
+    assert awake.deployment["spec"]["replicas"] == 1 + 2
+    assert awake.hpa == asleep.hpa
+    # Asleep and awake run the same pods: waking starts no new template.
+    assert awake.deployment["spec"]["template"] == asleep.deployment["spec"]["template"]

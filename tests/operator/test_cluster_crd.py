@@ -157,6 +157,29 @@ CORPUS: list[tuple[str, Callable[[dict], None], list[str]]] = [
         ["spec.autoscaling.targetCPUUtilizationPercentage", "less than or equal to 100"],
     ),
     (
+        "min replicas 0 without scale to zero",
+        _set("spec.autoscaling", {"enabled": True, "minReplicas": 0}),
+        ["spec.autoscaling.minReplicas", "minReplicas 0 needs autoscaling.scaleToZero"],
+    ),
+    (
+        "scale to zero above min replicas 0",
+        _set("spec.autoscaling", {"enabled": True, "minReplicas": 1, "scaleToZero": {}}),
+        ["spec.autoscaling.scaleToZero", "needs autoscaling.minReplicas 0"],
+    ),
+    (
+        "scale to zero without autoscaling",
+        _set("spec.autoscaling", {"minReplicas": 0, "scaleToZero": {"idleSeconds": 60}}),
+        ["spec.autoscaling.scaleToZero", "needs autoscaling.enabled true"],
+    ),
+    (
+        "scale to zero after too short an idle time",
+        _set(
+            "spec.autoscaling",
+            {"enabled": True, "minReplicas": 0, "scaleToZero": {"idleSeconds": 5}},
+        ),
+        ["spec.autoscaling.scaleToZero.idleSeconds", "greater than or equal to 10"],
+    ),
+    (
         "disruption budget blocking every eviction",
         _set("spec.disruptionBudget", {"minAvailable": 2}),
         ["spec.disruptionBudget.minAvailable", "less than replicas"],
@@ -305,3 +328,17 @@ def test_a_status_computed_from_an_older_read_does_not_overwrite_a_newer_one(
     assert fresh is not None and fresh["status"]["replicas"] == 0
     final = get_json(devcluster, "embeddingservice", "racy", "-n", namespace)
     assert final is not None and final["status"]["observedShapes"] == shapes
+
+
+def test_scale_to_zero_is_accepted_and_its_idle_time_defaulted(
+    devcluster: Any, crd: None, namespace: str
+) -> None:
+    body = example("sleepy")
+    body["spec"]["autoscaling"] = {"enabled": True, "minReplicas": 0, "scaleToZero": {}}
+    result = devcluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", "-o", "json",
+        input=json.dumps(body),
+    )  # fmt: skip
+    autoscaling = json.loads(result.stdout)["spec"]["autoscaling"]
+    assert autoscaling["minReplicas"] == 0
+    assert autoscaling["scaleToZero"] == {"idleSeconds": 300}

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -86,6 +88,11 @@ def wait_status(cluster: Any, namespace: str, name: str, timeout: float = 60) ->
 
 def replicasets(cluster: Any, namespace: str, name: str) -> list[dict[str, Any]]:
     return items(cluster, "replicasets", namespace, f"app.kubernetes.io/instance={name}")
+
+
+def event_time(stamp: str) -> float:
+    """An event's time (RFC 3339, with or without a fraction) as Unix time."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def controller_ref(obj: dict[str, Any]) -> dict[str, Any]:
@@ -634,3 +641,88 @@ def test_a_service_deleted_while_the_watch_was_away_gets_no_children_again(
     finally:
         op.stop()
         print("\n".join(op.log_path.read_text(errors="replace").splitlines()[-40:]))
+
+
+def ready_of(obj: dict[str, Any]) -> dict[str, Any]:
+    return {c["type"]: c for c in obj["status"]["conditions"]}["Ready"]
+
+
+def test_an_idle_service_is_scaled_to_zero(devcluster: Any, namespace: str, operator: Any) -> None:
+    """No request for idleSeconds (no router, no annotation; its pods cannot pull their image,
+    so it is Degraded and the clock runs from its creation, not from a first serving pod):
+    spec.replicas 0 through the scale subresource, no pod, Ready False with reason
+    ScaledToZero, while the HPA keeps 1..max and stops acting at 0. No server ever runs."""
+    body = example(
+        "sleepy",
+        replicas=1,
+        standbyReplicas=1,
+        autoscaling={
+            "enabled": True,
+            "minReplicas": 0,
+            "maxReplicas": 3,
+            "scaleToZero": {"idleSeconds": 10},
+        },
+    )
+    started = time.time()
+    apply(devcluster, namespace, body)
+    created = get_json(devcluster, "emb", "sleepy", "-n", namespace)["metadata"]
+    hpa = wait_child(devcluster, "hpa", namespace, "sleepy")
+    assert hpa["spec"]["minReplicas"] == 1
+    deployment = wait_child(devcluster, "deployment", namespace, "sleepy")
+    assert deployment["spec"]["replicas"] == 2  # one serving, one standby
+
+    def asleep() -> dict[str, Any] | None:
+        es = get_json(devcluster, "emb", "sleepy", "-n", namespace)
+        return es if es["spec"]["replicas"] == 0 else None
+
+    es = wait_until(asleep, timeout=40, what="spec.replicas 0")
+    # Not before idleSeconds since its creation.
+    events = get_json(devcluster, "events", "-n", namespace)["items"]
+    (scaled,) = [e for e in events if e["reason"] == "ScaledToZero"]
+    assert scaled["type"] == "Normal" and scaled["involvedObject"]["name"] == "sleepy"
+    idle = re.match(r"no request for (\d+) s", scaled["message"])
+    assert idle is not None and 10 <= int(idle.group(1)) < 60, scaled["message"]
+    # Written through the scale subresource, as the HPA and kubectl scale write it: the
+    # apiserver's own record.
+    scale_writes = [
+        event
+        for event in audit_writes(
+            devcluster.config.audit_log,
+            started,
+            time.time(),
+            namespace,
+            user_agents=(OPERATOR_USER_AGENT,),
+        )
+        if (event.get("objectRef") or {}).get("resource") == "embeddingservices"
+        and (event.get("objectRef") or {}).get("subresource") == "scale"
+    ]
+    assert [(e["verb"], e["objectRef"]["name"]) for e in scale_writes] == [("patch", "sleepy")]
+    decided = event_time(scaled.get("eventTime") or scaled["firstTimestamp"])
+    assert decided - event_time(created["creationTimestamp"]) >= 10
+    wait_until(
+        lambda: child(devcluster, "deployment", namespace, "sleepy")["spec"]["replicas"] == 0,
+        what="the Deployment at 0, standby pool included",
+    )
+
+    def reported() -> dict[str, Any] | None:
+        es = get_json(devcluster, "emb", "sleepy", "-n", namespace)
+        ready = ready_of(es) if (es.get("status") or {}).get("conditions") else {}
+        return es if ready.get("reason") == "ScaledToZero" else None
+
+    es = wait_until(reported, timeout=30, what="Ready reason ScaledToZero")
+    ready = ready_of(es)
+    assert ready["status"] == "False"
+    assert "a request through warmgate-router scales it back to 1" in ready["message"]
+    assert es["status"]["scaledToZeroAt"]
+    conditions = {c["type"]: c for c in es["status"]["conditions"]}
+    assert conditions["Degraded"]["status"] == "False"  # its pods could not pull: no matter
+    assert "ScaledToZero" in devcluster.kubectl("get", "emb", "sleepy", "-n", namespace).stdout
+    assert child(devcluster, "hpa", namespace, "sleepy")["spec"]["minReplicas"] == 1
+
+    def hpa_disabled() -> bool:
+        hpa = child(devcluster, "hpa", namespace, "sleepy") or {}
+        active = {c["type"]: c for c in (hpa.get("status") or {}).get("conditions") or []}
+        return active.get("ScalingActive", {}).get("reason") == "ScalingDisabled"
+
+    wait_until(hpa_disabled, timeout=60, what="the HPA to stop acting at 0 (ScalingDisabled)")
+    assert asleep() is not None  # and it did not scale it back up

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from warmgate_operator.watch import Store
 @dataclass
 class Result:
     requeue_after: float | None = None
+    recheck_after: float | None = None
 
 
 def body(name: str, rv: int = 1) -> dict[str, Any]:
@@ -154,3 +156,24 @@ async def test_the_echo_of_an_own_status_write_is_not_reconciled_again() -> None
         await wait_for(lambda: calls == ["1", "3"])
     finally:
         await controller.stop()
+
+
+async def test_a_recheck_comes_at_its_time_without_backing_off() -> None:
+    """An idle window's end (scale to zero) is no failure: each reconcile that asks for a
+    recheck gets it after the time asked, never doubled."""
+    started = asyncio.get_running_loop().time()
+    calls: list[float] = []
+
+    async def reconcile(obj: dict[str, Any]) -> Result:
+        calls.append(asyncio.get_running_loop().time() - started)
+        return Result(recheck_after=0.1)
+
+    controller, services = controller_of(reconcile, workers=1, resync_seconds=3600)
+    controller.start()
+    try:
+        services.add(controller, body("a"))
+        await wait_for(lambda: len(calls) == 4, seconds=2)
+    finally:
+        await controller.stop()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(calls)]
+    assert all(0.1 <= gap < 0.19 for gap in gaps), gaps

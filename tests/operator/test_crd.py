@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -175,3 +176,29 @@ def test_example_fits_the_warmup_rules() -> None:
     assert max(spec.warmup.batch_sizes) * max(spec.warmup.sequence_buckets) <= (
         spec.batching.max_batch_tokens
     )
+
+
+AUTOSCALING = SCHEMA["properties"]["spec"]["properties"]["autoscaling"]
+
+
+def test_scale_to_zero_fields_and_rules() -> None:
+    fields = AUTOSCALING["properties"]
+    assert fields["minReplicas"]["minimum"] == 0
+    idle = fields["scaleToZero"]["properties"]["idleSeconds"]
+    assert (idle["minimum"], idle["maximum"]) == (10, 86400)
+    assert "default" not in fields["scaleToZero"]  # unset unless asked for
+    rules = {rule["rule"]: rule["message"] for rule in AUTOSCALING["x-kubernetes-validations"]}
+    zero_needs = next(m for r, m in rules.items() if "self.minReplicas > 0" in r)
+    assert "minReplicas 0 needs autoscaling.scaleToZero" in zero_needs
+    needs_zero = next(m for r, m in rules.items() if "self.minReplicas == 0" in r)
+    assert "scaleToZero needs autoscaling.minReplicas 0" in needs_zero
+    # A scaleToZero object the user leaves empty gets the operator's own default.
+    asleep = {"enabled": True, "minReplicas": 0, "scaleToZero": {}}
+    defaulted = apply_defaults(
+        SCHEMA["properties"]["spec"], {"model": {"id": "m"}, "autoscaling": copy.deepcopy(asleep)}
+    )
+    assert defaulted["autoscaling"]["scaleToZero"] == {"idleSeconds": 300}
+    assert parse_spec(defaulted) == parse_spec({"model": {"id": "m"}, "autoscaling": asleep})
+    status = SCHEMA["properties"]["status"]["properties"]
+    assert {"scaledToZeroAt", "scaleToZero"} <= set(status)
+    assert set(status["scaleToZero"]["properties"]) == {"lastWokeAt", "awakeAt"}

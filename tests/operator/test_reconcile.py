@@ -10,9 +10,27 @@ import pytest
 import yaml
 from support.fakes import FakeClient
 
+from warmgate_contract.names import (
+    LAST_REQUEST_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    ROLE_LABEL,
+    ROLE_SERVING,
+    SERVICE_LABEL,
+)
+from warmgate_operator import idle
 from warmgate_operator.config import OperatorConfig
 from warmgate_operator.events import EventRecorder
-from warmgate_operator.kube import CONFIGMAP, DEPLOYMENT, EMBEDDING_SERVICE, HPA, PDB, SERVICE
+from warmgate_operator.kube import (
+    CONFIGMAP,
+    DEPLOYMENT,
+    EMBEDDING_SERVICE,
+    HPA,
+    PDB,
+    POD,
+    SERVICE,
+)
+from warmgate_operator.metrics import Metrics
 from warmgate_operator.reconcile import Reconciler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,3 +208,195 @@ async def test_an_object_of_a_childs_name_that_is_not_warmgates_is_not_taken_ove
     status = client.find(EMBEDDING_SERVICE, "default", "minilm")["status"]
     degraded = {c["type"]: c for c in status["conditions"]}["Degraded"]
     assert degraded["reason"] == "ChildConflict" and "Service default/minilm" in degraded["message"]
+
+
+T0 = 1_780_000_000.0  # a creation time; the reconciler's clock is set relative to it
+
+
+def sleepy_es(client: FakeClient, idle_seconds: int = 60, **spec: Any) -> dict[str, Any]:
+    """An EmbeddingService with scale to zero, created at T0."""
+    body = yaml.safe_load((ROOT / "examples" / "minilm.yaml").read_text())
+    body["metadata"].update(
+        namespace="default", generation=1, creationTimestamp=idle.stamp(T0), annotations={}
+    )
+    body["spec"].update(
+        replicas=1,
+        autoscaling={
+            "enabled": True,
+            "minReplicas": 0,
+            "maxReplicas": 3,
+            "scaleToZero": {"idleSeconds": idle_seconds},
+        },
+        **spec,
+    )
+    return client.put(EMBEDDING_SERVICE, body)
+
+
+def server_pod(client: FakeClient, name: str = "minilm-a", waiting: str | None = None) -> None:
+    """A pod of minilm in the watch cache: Ready and serving, or its container waiting for
+    `waiting` (an image that will not pull)."""
+    labels = {MANAGED_BY_LABEL: MANAGED_BY, SERVICE_LABEL: "minilm", ROLE_LABEL: ROLE_SERVING}
+    status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": str(not waiting)}]}
+    if waiting:
+        status["containerStatuses"] = [
+            {"name": "server", "state": {"waiting": {"reason": waiting}}}
+        ]
+    pod = {"metadata": {"name": name, "namespace": "default", "labels": labels}, "status": status}
+    client.put(POD, pod)
+
+
+def clocked(client: FakeClient, now: list[float], metrics: Metrics | None = None) -> Reconciler:
+    return Reconciler(
+        client=client,  # type: ignore[arg-type]
+        config=OperatorConfig(),
+        recorder=EventRecorder(client),
+        cache=client.cache,
+        metrics=metrics,
+        clock=lambda: "2026-11-29T22:00:00Z",
+        now=lambda: now[0],
+    )
+
+
+async def test_an_idle_service_is_scaled_to_zero_and_then_runs_no_pod() -> None:
+    client, metrics, now = FakeClient(), Metrics(), [T0 + 1]
+    sleepy_es(client, standbyReplicas=1)
+    server_pod(client)
+    rec = clocked(client, now, metrics)
+    result = await reconcile_latest(client, rec)
+    status = client.find(EMBEDDING_SERVICE, "default", "minilm")["status"]
+    assert status["scaleToZero"] == {"awakeAt": idle.stamp(T0 + 1)}  # its first pod serves
+    assert result.recheck_after == pytest.approx(60)  # when the idle window would end
+    assert result.requeue_after is None
+    assert client.find(DEPLOYMENT, "default", "minilm")["spec"]["replicas"] == 1 + 1
+    assert client.find(HPA, "default", "minilm")["spec"]["minReplicas"] == 1
+    now[0] = T0 + 30
+    assert (await reconcile_latest(client, rec)).recheck_after == pytest.approx(31)
+
+    now[0] = T0 + 61
+    client.log.clear()
+    result = await reconcile_latest(client, rec)
+    # One write, through the scale subresource (as the HPA and kubectl scale do), and an event.
+    assert [(m, k) for m, k, _ in client.log] == [
+        ("PATCH", "EmbeddingService/scale"),
+        ("POST", "Event"),
+    ]
+    assert client.find(EMBEDDING_SERVICE, "default", "minilm")["spec"]["replicas"] == 0
+    (event,) = [e for e in client.events if e["reason"] == "ScaledToZero"]
+    assert event["type"] == "Normal"
+    assert event["message"].startswith("no request for 60 s (autoscaling.scaleToZero.idle")
+    assert metrics.value("warmgate_operator_scaled_to_zero_total") == 1
+
+    # The scale write's own event reconciles again: no pod at all, the standby pool included.
+    now[0] = T0 + 62
+    result = await reconcile_latest(client, rec)
+    assert result.recheck_after is None
+    assert client.find(DEPLOYMENT, "default", "minilm")["spec"]["replicas"] == 0
+    assert client.find(HPA, "default", "minilm")["spec"]["minReplicas"] == 1
+    status = client.find(EMBEDDING_SERVICE, "default", "minilm")["status"]
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "ScaledToZero")
+    assert ready["message"] == (
+        "scaled to zero after 61 s without requests; a request through warmgate-router "
+        "scales it back to 1"
+    )
+    assert status["scaledToZeroAt"] == idle.stamp(T0 + 62)
+    # Idle at zero: later reconciles (the resync) write nothing.
+    now[0] = T0 + 5_000
+    client.log.clear()
+    await reconcile_latest(client, rec)
+    assert client.log == []
+    assert metrics.value("warmgate_operator_scaled_to_zero_total") == 1
+
+
+async def test_a_request_annotation_restarts_the_idle_window_and_writes_nothing() -> None:
+    """warmgate-router writes the annotation every few seconds per busy service: each write
+    reconciles, and each reconcile must find nothing to write."""
+    client, now = FakeClient(), [T0 + 30]
+    sleepy_es(client)
+    server_pod(client)
+    rec = clocked(client, now)
+    await reconcile_latest(client, rec)
+    for seconds in (40, 50, 100, 150):
+        body = client.find(EMBEDDING_SERVICE, "default", "minilm")
+        body["metadata"]["annotations"][LAST_REQUEST_ANNOTATION] = idle.stamp(T0 + seconds - 5)
+        client.put(EMBEDDING_SERVICE, body)  # a new resourceVersion, as the patch makes
+        now[0] = T0 + seconds
+        client.log.clear()
+        result = await reconcile_latest(client, rec)
+        assert client.log == [], seconds  # no read, no child write, no status write
+        assert result.recheck_after == pytest.approx(55)
+    assert client.find(EMBEDDING_SERVICE, "default", "minilm")["spec"]["replicas"] == 1
+
+
+async def test_a_request_annotated_after_the_decision_was_read_keeps_the_service_up() -> None:
+    """The scale write holds only if the object is still the one the decision read: a
+    request annotation written meanwhile refuses it, and its own event reconciles again."""
+    client, metrics, now = FakeClient(), Metrics(), [T0 + 30]
+    sleepy_es(client)
+    server_pod(client)
+    rec = clocked(client, now, metrics)
+    await reconcile_latest(client, rec)
+    stale = copy.deepcopy(client.find(EMBEDDING_SERVICE, "default", "minilm"))
+    fresh = client.find(EMBEDDING_SERVICE, "default", "minilm")
+    fresh["metadata"]["annotations"][LAST_REQUEST_ANNOTATION] = idle.stamp(T0 + 70)
+    client.put(EMBEDDING_SERVICE, fresh)
+    now[0] = T0 + 91
+    await rec(stale)
+    assert client.find(EMBEDDING_SERVICE, "default", "minilm")["spec"]["replicas"] == 1
+    assert metrics.value("warmgate_operator_scaled_to_zero_total") == 0
+    assert not [e for e in client.events if e["reason"] == "ScaledToZero"]
+    result = await reconcile_latest(client, rec)
+    assert result.recheck_after == pytest.approx(39)
+
+
+async def test_a_starting_service_is_kept_up_unless_its_pods_fail() -> None:
+    """Until a first pod serves (after the creation, or a wake) the idle clock waits: a model
+    may take longer to load than idleSeconds. A pod that cannot pull its image keeps nothing
+    up."""
+    client, now = FakeClient(), [T0 + 500]
+    sleepy_es(client, idle_seconds=10)
+    rec = clocked(client, now)
+    result = await reconcile_latest(client, rec)
+    assert result.recheck_after is None  # the pod's own events reconcile again
+    assert client.find(EMBEDDING_SERVICE, "default", "minilm")["spec"]["replicas"] == 1
+    server_pod(client, waiting="ErrImagePull")
+    now[0] = T0 + 501
+    await reconcile_latest(client, rec)
+    assert client.find(EMBEDDING_SERVICE, "default", "minilm")["spec"]["replicas"] == 0
+
+
+async def test_a_wake_is_recorded_and_the_wake_is_never_cut_short() -> None:
+    client, now = FakeClient(), [T0 + 100]
+    sleepy_es(client, idle_seconds=10)
+    body = client.find(EMBEDDING_SERVICE, "default", "minilm")
+    body["spec"]["replicas"] = 0
+    client.put(EMBEDDING_SERVICE, body)
+    rec = clocked(client, now)
+    await reconcile_latest(client, rec)
+    assert "scaledToZeroAt" in client.find(EMBEDDING_SERVICE, "default", "minilm")["status"]
+
+    # warmgate-router scales it to 1 for a request.
+    body = client.find(EMBEDDING_SERVICE, "default", "minilm")
+    body["spec"]["replicas"] = 1
+    client.put(EMBEDDING_SERVICE, body)
+    now[0] = T0 + 200
+    result = await reconcile_latest(client, rec)
+    status = client.find(EMBEDDING_SERVICE, "default", "minilm")["status"]
+    assert "scaledToZeroAt" not in status
+    assert status["scaleToZero"] == {"lastWokeAt": idle.stamp(T0 + 200)}
+    assert client.find(DEPLOYMENT, "default", "minilm")["spec"]["replicas"] == 1
+    assert result.recheck_after is None
+    # Its pod is slower to start than idleSeconds: still no scale to zero while none serves.
+    now[0] = T0 + 500
+    await reconcile_latest(client, rec)
+    assert client.find(EMBEDDING_SERVICE, "default", "minilm")["spec"]["replicas"] == 1
+    # It serves: the idle clock runs from then.
+    server_pod(client)
+    now[0] = T0 + 520
+    result = await reconcile_latest(client, rec)
+    status = client.find(EMBEDDING_SERVICE, "default", "minilm")["status"]
+    assert status["scaleToZero"] == {
+        "lastWokeAt": idle.stamp(T0 + 200),
+        "awakeAt": idle.stamp(T0 + 520),
+    }
+    assert result.recheck_after == pytest.approx(10)

@@ -135,3 +135,51 @@ def test_a_model_source_the_builders_cannot_use_is_refused(source, words):
     old_and_new = {"id": "m", "volume": {"claimName": "a"}, "source": {"hub": {}}}
     with pytest.raises(SpecError, match="older spelling"):
         parse_spec({"model": old_and_new})
+
+
+def autoscaling(**fields: object) -> dict[str, object]:
+    return {"model": {"id": "m"}, "autoscaling": {"enabled": True, **fields}}
+
+
+def test_scale_to_zero_is_parsed_with_its_default_idle_time() -> None:
+    spec = parse_spec(autoscaling(minReplicas=0, scaleToZero={"idleSeconds": 90}))
+    assert spec.autoscaling.scale_to_zero is not None
+    assert spec.autoscaling.scale_to_zero.idle_seconds == 90
+    assert parse_spec(autoscaling(minReplicas=0, scaleToZero={})).autoscaling.scale_to_zero == (
+        type(spec.autoscaling.scale_to_zero)(idle_seconds=300)
+    )
+    assert parse_spec(autoscaling()).autoscaling.scale_to_zero is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (autoscaling(minReplicas=0), "minReplicas 0 needs spec.autoscaling.scaleToZero"),
+        (autoscaling(minReplicas=1, scaleToZero={}), "scaleToZero needs spec.autoscaling.min"),
+        (
+            {"model": {"id": "m"}, "autoscaling": {"minReplicas": 0, "scaleToZero": {}}},
+            "scaleToZero needs spec.autoscaling.enabled true",
+        ),
+        (autoscaling(minReplicas=0, scaleToZero={"idleSeconds": "5m"}), "must be an integer"),
+    ],
+)
+def test_scale_to_zero_rules_guard_objects_stored_before_them(
+    raw: dict[str, object], words: str
+) -> None:
+    with pytest.raises(SpecError, match=words):
+        parse_spec(raw)
+
+
+def test_scaled_to_zero_means_no_pod_standby_pool_included() -> None:
+    asleep = parse_spec(
+        {**autoscaling(minReplicas=0, scaleToZero={}), "replicas": 0, "standbyReplicas": 2}
+    )
+    assert (asleep.scaled_to_zero, asleep.serving_replicas, asleep.pod_replicas) == (True, 0, 0)
+    assert asleep.min_pods == 0
+    awake = parse_spec(
+        {**autoscaling(minReplicas=0, scaleToZero={}), "replicas": 2, "standbyReplicas": 2}
+    )
+    assert (awake.scaled_to_zero, awake.pod_replicas) == (False, 4)
+    # Without scale to zero, replicas 0 keeps its standby pool (a person's choice).
+    manual = parse_spec({"model": {"id": "m"}, "replicas": 0, "standbyReplicas": 1})
+    assert (manual.scaled_to_zero, manual.pod_replicas) == (False, 1)

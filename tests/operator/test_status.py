@@ -256,6 +256,46 @@ def test_scaled_to_zero_is_ready() -> None:
     assert conditions(status)["Ready"]["reason"] == "ScaledToZero"
 
 
+ASLEEP = "scaled to zero after 300 s without requests; a request through warmgate-router ..."
+
+
+def test_idle_at_zero_is_not_ready_and_claims_no_failure() -> None:
+    """A replicas-0 service a person scaled is Ready (above); one that scale to zero put there
+    is not (a request must wake it), and what its last pods did no longer matters: a rollout
+    that had run out of time, a pod that could not pull its image."""
+    spec = parse_spec(
+        {
+            "model": {"id": "m"},
+            "replicas": 0,
+            "autoscaling": {"enabled": True, "minReplicas": 0, "scaleToZero": {}},
+        }
+    )
+    stalled = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}
+    stopping = pod("a", ready=False, warmed=False)
+    stopping["status"]["containerStatuses"] = [
+        {"name": "server", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
+    ]
+    going = deployment(replicas=1, ready=0, updated=1, spec_replicas=0, conditions=[stalled])
+    status = compute_status(spec, es(), going, [stopping], T0, asleep=ASLEEP)
+    c = conditions(status)
+    assert (c["Ready"]["status"], c["Ready"]["reason"], c["Ready"]["message"]) == (
+        "False",
+        "ScaledToZero",
+        ASLEEP,
+    )
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("False", "ScaledToZero")
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "ScalingToZero")
+    gone = deployment(replicas=0, ready=0, updated=0, spec_replicas=0)
+    c = conditions(compute_status(spec, es(), gone, [], T0, asleep=ASLEEP))
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "ScaledToZero")
+    assert c["Ready"]["reason"] == "ScaledToZero" and c["Degraded"]["status"] == "False"
+    assert (c["Warmed"]["status"], c["Warmed"]["reason"]) == ("True", "ScaledToZero")
+    # A problem of the spec itself still shows.
+    problem = Problem("InvalidSpec", "bad", blocking=True)
+    c = conditions(compute_status(spec, es(), gone, [], T0, problem, asleep=ASLEEP))
+    assert c["Ready"]["reason"] == c["Degraded"]["reason"] == "InvalidSpec"
+
+
 def test_fields_written_by_others_are_carried_over() -> None:
     shapes = [{"batch_size": 8, "seq_len": 64, "count": 10}]
     status = compute_status(SPEC, es(status={"observedShapes": shapes}), deployment(), [], T0)

@@ -136,6 +136,8 @@ class FakeClient:
                     raise ApiError(422, "Invalid", f"test of {op['path']} failed")
             elif op["op"] == "add" and op["path"] == "/status":
                 obj["status"] = copy.deepcopy(op["value"])
+            elif op["op"] == "replace" and op["path"] == "/spec/replicas":  # the scale
+                obj["spec"]["replicas"] = op["value"]
         return self.put(kind, obj)
 
     async def create(self, kind: ResourceKind, namespace: str, body: Mapping[str, Any]) -> dict:
