@@ -66,9 +66,13 @@ def parse_args() -> argparse.Namespace:
 
 
 def install_crd(api: ApiClient) -> None:
-    """The EmbeddingService CRD, applied server-side from its manifest, Established."""
-    kubeapi.apply(api, testkit.CRD_PATH, testkit.crd_manifest(), FIELD_MANAGER)
-    testkit.wait_established(api)
+    """The CRDs (EmbeddingService, EmbeddingAlias), applied server-side from their manifests,
+    Established."""
+    for relative in testkit.CRD_FILES:
+        manifest = testkit.crd_manifest(relative)
+        name = manifest["metadata"]["name"]
+        kubeapi.apply(api, testkit.crd_path(name), manifest, FIELD_MANAGER)
+        testkit.wait_established(api, name=name)
 
 
 def fresh_namespace(api: ApiClient, name: str, timeout: float) -> None:

@@ -22,7 +22,15 @@ from typing import Any, Self, TypeVar
 
 import yaml
 
-from warmgate_contract.names import API_VERSION, GROUP, KIND, PLURAL, SERVICE_LABEL
+from warmgate_contract.names import (
+    ALIAS_KIND,
+    ALIAS_PLURAL,
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    SERVICE_LABEL,
+)
 from warmgate_devcluster import images, kubeapi
 from warmgate_devcluster.config import repo_root
 from warmgate_devcluster.kubeapi import MERGE_PATCH, condition
@@ -60,8 +68,12 @@ def get_json(cluster: Any, *args: str) -> dict[str, Any] | None:
 
 # ------------------------------------------------------- warmgate on a devcluster, for tests
 CRD_FILE = "crds/warmgate.dev_embeddingservices.yaml"
+ALIAS_CRD_FILE = "crds/warmgate.dev_embeddingaliases.yaml"
+CRD_FILES = (CRD_FILE, ALIAS_CRD_FILE)
+"""Every CRD in crds/: the operator watches both kinds."""
 CRD_API_VERSION = "apiextensions.k8s.io/v1"
 CRD_NAME = f"{PLURAL}.{GROUP}"
+ALIAS_CRD_NAME = f"{ALIAS_PLURAL}.{GROUP}"
 CRD_PATH = kubeapi.resource_path(CRD_API_VERSION, "customresourcedefinitions", name=CRD_NAME)
 UNMAPPED_IMAGE = "registry.invalid/warmgate/not-imported:1"
 """An image the devcluster's node does not hold and cannot pull (its network namespace has no
@@ -119,34 +131,42 @@ def _checkout_file(relative: str) -> Path:
     return root / relative
 
 
-def crd_manifest() -> dict[str, Any]:
-    """The EmbeddingService CRD, from the checkout's manifest file."""
-    return yaml.safe_load(_checkout_file(CRD_FILE).read_text())
+def crd_manifest(relative: str = CRD_FILE) -> dict[str, Any]:
+    """A CRD (the EmbeddingService's unless told), from the checkout's manifest file."""
+    return yaml.safe_load(_checkout_file(relative).read_text())
 
 
-def wait_established(api: Any, timeout: float = 120.0) -> None:
-    """Until the EmbeddingService CRD is Established (its API served)."""
+def crd_path(name: str = CRD_NAME) -> str:
+    return kubeapi.resource_path(CRD_API_VERSION, "customresourcedefinitions", name=name)
+
+
+def wait_established(api: Any, timeout: float = 120.0, name: str = CRD_NAME) -> None:
+    """Until the CRD `name` (the EmbeddingService's unless told) is Established (its API
+    served)."""
 
     def established() -> bool:
         try:
-            crd = kubeapi.read(api, CRD_PATH)
+            crd = kubeapi.read(api, crd_path(name))
         except (kubeapi.ApiError, *kubeapi.UNANSWERED):
             return False  # a busy apiserver: ask again until the deadline
         return condition(crd, "Established").get("status") == "True"
 
-    wait_until(established, timeout, f"CRD {CRD_NAME} Established")
+    wait_until(established, timeout, f"CRD {name} Established")
 
 
 def install_crd(cluster: Any, timeout: float = 120.0) -> None:
-    """Apply the EmbeddingService CRD's manifest file (server-side, as a user would) and wait
-    until it is Established. `cluster`: a devcluster handle or a DevCluster."""
-    crd = _checkout_file(CRD_FILE)
-    result = cluster.kubectl(
-        "apply", "--server-side", "--force-conflicts", "-f", str(crd), check=False
-    )
-    assert result.returncode == 0, f"CRD rejected: {result.stderr}"
+    """Apply every CRD's manifest file (EmbeddingService and EmbeddingAlias: server-side, as a
+    user would) and wait until each is Established. `cluster`: a devcluster handle or a
+    DevCluster."""
+    for relative in CRD_FILES:
+        result = cluster.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", str(_checkout_file(relative)),
+            check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, f"CRD {relative} rejected: {result.stderr}"
     with cluster.api_client() as api:
-        wait_established(api, timeout)
+        for relative in CRD_FILES:
+            wait_established(api, timeout, crd_manifest(relative)["metadata"]["name"])
 
 
 def tiny_minilm(name: str = "minilm", image: str | None = None) -> dict[str, Any]:
@@ -240,8 +260,13 @@ RESOURCES = {
     "horizontalpodautoscalers": ("autoscaling/v2", "horizontalpodautoscalers"),
     "endpointslices": ("discovery.k8s.io/v1", "endpointslices"),
     PLURAL: (API_VERSION, PLURAL),
+    ALIAS_PLURAL: (API_VERSION, ALIAS_PLURAL),
 }
-_SHORT_NAMES = {"hpa": "horizontalpodautoscalers", KIND.lower(): PLURAL}
+_SHORT_NAMES = {
+    "hpa": "horizontalpodautoscalers",
+    KIND.lower(): PLURAL,
+    ALIAS_KIND.lower(): ALIAS_PLURAL,
+}
 
 
 def resource(kind: str) -> tuple[str, str]:
@@ -399,3 +424,52 @@ def p_revision(pod: dict) -> str | None:
         if arg == "--model-revision" and index + 1 < len(args):
             return args[index + 1]
     return None
+
+
+ROUTER_TEMPLATES = (
+    "router-deployment",
+    "router-service",
+    "router-serviceaccount",
+    "router-rbac",
+    "router-poddisruptionbudget",
+)
+ROUTER_SELECTOR = "app.kubernetes.io/name=warmgate-router"
+
+
+def render_router(kube: Kube, *sets: str, replicas: int = 2, timeout: float = 240) -> str:
+    """The chart's router templates (`helm template`, release `wg`) for `kube`'s namespace,
+    applied with kubectl: the router image the devcluster built, serving that namespace. Waits
+    until `replicas` router pods are Ready and returns the router Service's name."""
+    root = repo_root()
+    assert root is not None, "the chart is read from a warmgate checkout"
+    cluster = kube.devcluster
+    result = subprocess.run(
+        [
+            str(cluster.bin_dir / "helm"), "template", "wg", str(root / "charts" / "warmgate"),
+            "--namespace", kube.namespace,
+            "--set", f"watchNamespaces={{{kube.namespace}}}",
+            "--set", f"router.image.repository={images.ROUTER.name.rpartition(':')[0]}",
+            "--set", "router.image.pullPolicy=Never",
+            "--set", f"router.replicaCount={replicas}",
+            *sets,
+            *(a for name in ROUTER_TEMPLATES for a in ("--show-only", f"templates/{name}.yaml")),
+        ],
+        env={**cluster.env, "HOME": "/tmp", "HELM_CACHE_HOME": "/tmp/.helm-cache"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )  # fmt: skip
+    documents = [d for d in yaml.safe_load_all(result.stdout) if d]
+    kube.run("apply", "-f", "-", input=result.stdout)
+    service = next(d["metadata"]["name"] for d in documents if d["kind"] == "Service")
+
+    def ready() -> bool:
+        found = kube.get("pods", selector=ROUTER_SELECTOR) or {}
+        pods = [p for p in found.get("items", []) if not p["metadata"].get("deletionTimestamp")]
+        return len(pods) == replicas and all(
+            condition(p, "Ready").get("status") == "True" for p in pods
+        )
+
+    wait_until(ready, timeout, f"{replicas} Ready router pods")
+    return service

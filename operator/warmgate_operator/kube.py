@@ -25,7 +25,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from warmgate_contract.names import API_VERSION, KIND, PLURAL
+from warmgate_contract.names import ALIAS_KIND, ALIAS_PLURAL, API_VERSION, KIND, PLURAL
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +105,8 @@ DEPLOYMENT = ResourceKind("apps/v1", "Deployment", "deployments")
 HPA = ResourceKind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers")
 PDB = ResourceKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 EMBEDDING_SERVICE = ResourceKind(API_VERSION, KIND, PLURAL)
+EMBEDDING_ALIAS = ResourceKind(API_VERSION, ALIAS_KIND, ALIAS_PLURAL)
+MERGE_PATCH = "application/merge-patch+json"
 
 
 class ApiError(Exception):
@@ -317,6 +319,22 @@ class KubeClient:
             kind.path(namespace, name, subresource),
             body=operations,
             content_type="application/json-patch+json",
+        )
+
+    async def merge_patch(
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386): a key set to None is removed, a list replaced."""
+        return await self.request(
+            "PATCH",
+            kind.path(namespace, name, subresource),
+            body=dict(patch),
+            content_type=MERGE_PATCH,
         )
 
     async def create(

@@ -104,6 +104,12 @@ class Metrics:
             "without a request.",
             registry=registry,
         )
+        self.alias_status_writes = Counter(
+            "warmgate_operator_alias_status_writes",
+            "EmbeddingAlias statuses written, by the Ready condition's reason.",
+            ["reason"],
+            registry=registry,
+        )
         self.pod_calls = Counter(
             "warmgate_operator_pod_calls",
             "Calls to server pods (/ready, /warmup/profile, verification), by path and result.",

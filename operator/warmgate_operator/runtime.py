@@ -3,9 +3,9 @@ loop needed), handed to kopf as its memo, started by kopf's startup handler and 
 cleanup handler (handlers.py).
 
 What it runs: one Reflector per watched kind (and namespace) filling the Cache; the Controller
-reconciling EmbeddingServices from it; the Gatekeeper verifying each gated pod; the
-TrafficObserver collecting served shapes. Watch events reach them through `dispatch`, the one
-place that decides who hears of what.
+reconciling EmbeddingServices from it; the AliasKeeper writing each EmbeddingAlias's status;
+the Gatekeeper verifying each gated pod; the TrafficObserver collecting served shapes. Watch
+events reach them through `dispatch`, the one place that decides who hears of what.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 from warmgate_contract.names import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
 
 from . import stats
+from .aliases import AliasKeeper
 from .config import OperatorConfig
 from .controller import Controller
 from .events import EventRecorder
@@ -28,6 +29,7 @@ from .gatekeeper import Gatekeeper
 from .kube import (
     CONFIGMAP,
     DEPLOYMENT,
+    EMBEDDING_ALIAS,
     EMBEDDING_SERVICE,
     HPA,
     PDB,
@@ -87,6 +89,7 @@ class Operator:
     observer: TrafficObserver
     watch_settings: WatchSettings = DEFAULT_WATCH
     roles: RoleKeeper | None = None
+    aliases: AliasKeeper | None = None
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 
     @classmethod
@@ -97,7 +100,7 @@ class Operator:
         metrics: Metrics,
         watch_settings: WatchSettings = DEFAULT_WATCH,
     ) -> Operator:
-        cache = Cache(EMBEDDING_SERVICE, CHILD_KINDS, SERVICE_LABEL)
+        cache = Cache(EMBEDDING_SERVICE, CHILD_KINDS, SERVICE_LABEL, EMBEDDING_ALIAS)
         specs = ParsedSpecs()
         recorder = EventRecorder(client)
         pods = PodClient(metrics)
@@ -146,6 +149,7 @@ class Operator:
             observer,
             watch_settings,
             roles,
+            AliasKeeper(client, cache, recorder, metrics),
         )
         return operator
 
@@ -160,9 +164,12 @@ class Operator:
                 store,
                 self.dispatch,
                 namespace,
-                "" if store is self.cache.services else MANAGED_SELECTOR,
+                # Every EmbeddingService and alias (they are all names); warmgate's children only.
+                "" if store in (self.cache.services, self.cache.aliases) else MANAGED_SELECTOR,
                 self.watch_settings,
                 on_relist=self._count_relist,
+                # An operator upgraded before the alias CRD was applied still operates.
+                optional=store is self.cache.aliases,
             )
             for store in self.cache.stores()
             for namespace in namespaces
@@ -180,6 +187,8 @@ class Operator:
             self._spawn(stats.write_forever(path, self.client, self.controller), "stats")
         await asyncio.gather(*(reflector.synced.wait() for reflector in reflectors))
         self.controller.start()
+        if self.aliases is not None:
+            self.aliases.start()
         log.info(
             "warmgate operator started: namespaces=%s, default image %s",
             ",".join(self.config.namespaces) or "*",
@@ -196,6 +205,8 @@ class Operator:
         await self.gatekeeper.close()
         await self.observer.close()
         await self.controller.stop()
+        if self.aliases is not None:
+            await self.aliases.stop()
         await self.pods.close()
         log.info("api requests made: %s", dict(self.client.requests))
         if self.config.stats_file:
@@ -229,6 +240,12 @@ class Operator:
 
     def _changed(self, kind: ResourceKind, event_type: str | None, obj: Mapping[str, Any]) -> None:
         meta = obj["metadata"]
+        if kind in (EMBEDDING_SERVICE, EMBEDDING_ALIAS) and self.aliases is not None:
+            # Names: an alias's status follows its own changes and every EmbeddingService's
+            # of its namespace (created, deleted, or serving another revision).
+            self.aliases.enqueue(meta["namespace"])
+        if kind == EMBEDDING_ALIAS:
+            return
         if kind == EMBEDDING_SERVICE:
             key = (meta["namespace"], meta["name"])
             deleted = event_type == DELETED

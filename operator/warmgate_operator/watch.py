@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from .kube import ApiError, KubeClient, ResourceKind
+from .kube import EMBEDDING_ALIAS, ApiError, KubeClient, ResourceKind
 
 log = logging.getLogger("warmgate.watch")
 
@@ -94,6 +94,9 @@ class Store:
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._objects.get((namespace, name))
+
+    def in_namespace(self, namespace: str) -> list[dict[str, Any]]:
+        return [obj for key, obj in sorted(self._objects.items()) if key[0] == namespace]
 
     def labelled(self, namespace: str, value: str) -> list[dict[str, Any]]:
         """The objects in `namespace` whose index label is `value`."""
@@ -198,7 +201,10 @@ class Reflector:
         label_selector: str = "",
         settings: WatchSettings = WatchSettings(),
         on_relist: Callable[[ResourceKind], None] = lambda kind: None,
+        optional: bool = False,
     ) -> None:
+        """`optional`: a kind whose CRD may not be installed (a 404 for the listing): it is
+        then taken as empty, and listed again every `backoff_max_seconds` until it is."""
         self._client = client
         self._store = store
         self._sink = sink
@@ -206,6 +212,7 @@ class Reflector:
         self._selector = label_selector
         self._settings = settings
         self._on_relist = on_relist
+        self._optional = optional
         self.synced = asyncio.Event()
         """Set once the first listing is in the store."""
 
@@ -224,7 +231,15 @@ class Reflector:
                 objects, version = await self._client.list(
                     self.kind, self._namespace, self._selector, self._settings.page_size
                 )
-            except (ApiError, aiohttp.ClientError, TimeoutError, OSError, ValueError) as error:
+            except ApiError as error:
+                if self._optional and error.status == 404:
+                    self._absent()
+                    await asyncio.sleep(self._settings.backoff_max_seconds)
+                else:
+                    log.warning("listing %s failed: %s", self, error)
+                    await asyncio.sleep(next(backoff))
+                continue
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as error:
                 log.warning("listing %s failed: %s", self, error)
                 await asyncio.sleep(next(backoff))
                 continue
@@ -240,6 +255,22 @@ class Reflector:
             self._sink(Listing(self.kind, self._namespace, tuple(objects), tuple(gone), relist))
             self.synced.set()
             await self._watch(version)
+
+    def _absent(self) -> None:
+        """The kind is not served (its CRD is not installed): hold none of it, so that
+        whoever waits for the first listing is not kept waiting."""
+        if not self.synced.is_set():
+            log.warning(
+                "%s: the API does not serve %s (is its CRD installed? kubectl apply -f crds/); "
+                "taken as none, listed again every %.0f s",
+                self,
+                self.kind.kind,
+                self._settings.backoff_max_seconds,
+            )
+        gone = self._store.replace(self._namespace, [])
+        if not self.synced.is_set() or gone:
+            self._sink(Listing(self.kind, self._namespace, (), tuple(gone), self.synced.is_set()))
+        self.synced.set()
 
     async def _watch(self, version: str) -> None:
         """Watch from `version` until a relist is needed."""
@@ -281,15 +312,22 @@ class Reflector:
 
 
 class Cache:
-    """What the operator reads: the EmbeddingServices, and the children it owns (labelled
-    managed-by warmgate), found by the EmbeddingService they belong to."""
+    """What the operator reads: the EmbeddingServices and EmbeddingAliases, and the children
+    it owns (labelled managed-by warmgate), found by the EmbeddingService they belong to."""
 
-    def __init__(self, service_kind: ResourceKind, child_kinds: Iterable[ResourceKind], label: str):
+    def __init__(
+        self,
+        service_kind: ResourceKind,
+        child_kinds: Iterable[ResourceKind],
+        label: str,
+        alias_kind: ResourceKind = EMBEDDING_ALIAS,
+    ):
         self.services = Store(service_kind)
+        self.aliases = Store(alias_kind)
         self.children = {kind: Store(kind, index_label=label) for kind in child_kinds}
 
     def stores(self) -> list[Store]:
-        return [self.services, *self.children.values()]
+        return [self.services, self.aliases, *self.children.values()]
 
     def child(self, kind: ResourceKind, namespace: str, name: str) -> dict[str, Any] | None:
         return self.children[kind].get(namespace, name)
@@ -300,8 +338,12 @@ class Cache:
 
     def record(self, kind: ResourceKind, obj: Mapping[str, Any] | None) -> None:
         """The answer of this operator's write (Store.record)."""
-        store = self.services if kind == self.services.kind else self.children[kind]
-        store.record(obj)
+        if kind == self.services.kind:
+            self.services.record(obj)
+        elif kind == self.aliases.kind:
+            self.aliases.record(obj)
+        else:
+            self.children[kind].record(obj)
 
     def forget(self, kind: ResourceKind, obj: Mapping[str, Any] | None) -> None:
         """This operator deleted `obj`: its watch event then changes nothing."""

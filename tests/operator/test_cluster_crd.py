@@ -342,3 +342,50 @@ def test_scale_to_zero_is_accepted_and_its_idle_time_defaulted(
     autoscaling = json.loads(result.stdout)["spec"]["autoscaling"]
     assert autoscaling["minReplicas"] == 0
     assert autoscaling["scaleToZero"] == {"idleSeconds": 300}
+
+
+def alias(name: str = "search", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "warmgate.dev/v1alpha1",
+        "kind": "EmbeddingAlias",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+ALIAS_MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
+    ("no service", alias(), ["spec.service", "Required value"]),
+    ("no spec", {**alias(), "spec": None}, ["spec", "Required value"]),
+    ("a service name with a dot", alias(service="bge.v2"), ["spec.service", "should match"]),
+    ("misspelt field", alias(service="bge", target="x"), ['unknown field "spec.target"']),
+]
+
+
+@pytest.mark.parametrize(
+    ("mistake", "body", "words"), ALIAS_MISTAKES, ids=[m[0] for m in ALIAS_MISTAKES]
+)
+def test_an_invalid_alias_is_rejected_naming_the_field(
+    devcluster: Any, crd: None, namespace: str, mistake: str, body: dict, words: list[str]
+) -> None:
+    result = devcluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-",
+        input=json.dumps(body), check=False,
+    )  # fmt: skip
+    assert result.returncode != 0, f"{mistake}: accepted"
+    for word in words:
+        assert word in result.stderr, f"{mistake}: {word!r} not in {result.stderr!r}"
+
+
+def test_an_alias_is_served_with_its_short_name_and_explained(
+    devcluster: Any, crd: None, namespace: str
+) -> None:
+    """A dotted alias name (as model names often are) is a valid one; `kubectl get emba`
+    shows the documented columns."""
+    body = alias("bge-small-en-v1.5", service="bge")
+    devcluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+    table = devcluster.kubectl("get", "emba", "-n", namespace).stdout
+    header = table.splitlines()[0].split()
+    assert header == ["NAME", "SERVICE", "READY", "REASON", "AGE"]
+    assert "bge-small-en-v1.5" in table and " bge " in table
+    explained = devcluster.kubectl("explain", "embeddingalias.spec.service").stdout
+    assert "never at another alias" in explained

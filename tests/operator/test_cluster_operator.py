@@ -572,6 +572,9 @@ def test_operator_runs_with_exactly_its_rbac_rules(
             es = wait_status(devcluster, namespace, "minilm")
             conditions = {c["type"]: c for c in es["status"]["conditions"]}
             assert conditions["Degraded"]["reason"] not in ("ApplyFailed", "ChildConflict")
+            # Aliases: watched, and their status written.
+            apply(devcluster, namespace, alias_body("search", "minilm"))
+            alias_ready(devcluster, namespace, "search", "Resolved")
             patch(devcluster, namespace, "minilm", {"autoscaling": {"enabled": False}})
             wait_until(
                 lambda: child(devcluster, "hpa", namespace, "minilm") is None, what="HPA gone"
@@ -643,8 +646,89 @@ def test_a_service_deleted_while_the_watch_was_away_gets_no_children_again(
         print("\n".join(op.log_path.read_text(errors="replace").splitlines()[-40:]))
 
 
+def alias_body(name: str, service: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "warmgate.dev/v1alpha1",
+        "kind": "EmbeddingAlias",
+        "metadata": {"name": name},
+        "spec": {"service": service},
+    }
+
+
+def alias_ready(cluster: Any, namespace: str, name: str, reason: str) -> dict[str, Any]:
+    """The alias once its Ready condition has `reason` (for its current generation)."""
+
+    def reached() -> dict[str, Any] | None:
+        alias = get_json(cluster, "emba", name, "-n", namespace) or {}
+        status = alias.get("status") or {}
+        ready = {c["type"]: c for c in status.get("conditions") or []}.get("Ready") or {}
+        current = status.get("observedGeneration") == alias["metadata"]["generation"]
+        return alias if current and ready.get("reason") == reason else None
+
+    return wait_until(reached, timeout=60, what=f"emba/{name} {reason}")
+
+
 def ready_of(obj: dict[str, Any]) -> dict[str, Any]:
     return {c["type"]: c for c in obj["status"]["conditions"]}["Ready"]
+
+
+def test_an_alias_status_follows_the_names_of_its_namespace(
+    devcluster: Any, namespace: str, operator: Any
+) -> None:
+    """Resolved; refused while an older EmbeddingService has its name (the message names
+    both, a Warning Event says it once); TargetMissing once its service is gone. The
+    operator writes nothing while the names stay as they are."""
+    apply(devcluster, namespace, example("bge-v1", replicas=0))
+    apply(devcluster, namespace, alias_body("search", "bge-v1"))
+    alias = alias_ready(devcluster, namespace, "search", "Resolved")
+    assert ready_of(alias)["status"] == "True"
+    assert alias["status"]["service"] == "bge-v1"
+    assert ready_of(alias)["message"] == (
+        f"{namespace}/search is served by EmbeddingService {namespace}/bge-v1"
+    )
+    table = devcluster.kubectl("get", "emba", "-n", namespace).stdout
+    assert table.splitlines()[1].split()[:4] == ["search", "bge-v1", "True", "Resolved"]
+    # The names stay as they are (resyncs every 2 s, the service's status settling): no write.
+    version = alias["metadata"]["resourceVersion"]
+    time.sleep(3 * float(RESYNC))
+    assert (
+        get_json(devcluster, "emba", "search", "-n", namespace)["metadata"]["resourceVersion"]
+        == version
+    )
+
+    # An EmbeddingService named "search", older than the alias "search" made again after it.
+    devcluster.kubectl("delete", "emba", "search", "-n", namespace)
+    apply(devcluster, namespace, example("search", replicas=0))
+    time.sleep(1.1)  # creation times count in seconds; a tie goes to the EmbeddingService anyway
+    apply(devcluster, namespace, alias_body("search", "bge-v1"))
+    alias = alias_ready(devcluster, namespace, "search", "NameConflict")
+    message = ready_of(alias)["message"]
+    assert ready_of(alias)["status"] == "False" and "service" not in alias["status"]
+    assert f"EmbeddingService {namespace}/search" in message
+    assert f"EmbeddingAlias {namespace}/search" in message
+    assert "older claim (EmbeddingService" in message
+    time.sleep(2 * float(RESYNC))
+
+    def warnings() -> list[dict[str, Any]]:
+        events = get_json(devcluster, "events", "-n", namespace)["items"]
+        return [
+            e
+            for e in events
+            if e["reason"] == "NameConflict" and e["involvedObject"]["kind"] == "EmbeddingAlias"
+        ]
+
+    (warning,) = wait_until(warnings, timeout=30, what="a NameConflict event on the alias")
+    assert warning["type"] == "Warning" and warning.get("count", 1) == 1
+
+    # The older claim goes: the alias takes its name. Then its own target goes.
+    devcluster.kubectl("delete", "emb", "search", "-n", namespace)
+    alias_ready(devcluster, namespace, "search", "Resolved")
+    devcluster.kubectl("delete", "emb", "bge-v1", "-n", namespace)
+    alias = alias_ready(devcluster, namespace, "search", "TargetMissing")
+    assert "service" not in alias["status"]
+    assert (
+        f"EmbeddingService {namespace}/bge-v1, which does not exist" in ready_of(alias)["message"]
+    )
 
 
 def test_an_idle_service_is_scaled_to_zero(devcluster: Any, namespace: str, operator: Any) -> None:

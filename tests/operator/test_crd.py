@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,54 @@ def test_example_fits_the_warmup_rules() -> None:
     )
 
 
+ALIAS_CRD = yaml.safe_load((ROOT / "crds" / "warmgate.dev_embeddingaliases.yaml").read_text())
+(ALIAS_VERSION,) = ALIAS_CRD["spec"]["versions"]
+ALIAS_SCHEMA = ALIAS_VERSION["schema"]["openAPIV3Schema"]
+
+
+def test_the_alias_crd_names_scope_and_subresources() -> None:
+    from warmgate_contract.names import ALIAS_KIND, ALIAS_PLURAL, API_VERSION
+
+    assert ALIAS_CRD["metadata"]["name"] == f"{ALIAS_PLURAL}.warmgate.dev"
+    names = ALIAS_CRD["spec"]["names"]
+    assert (names["kind"], names["plural"], names["singular"]) == (
+        ALIAS_KIND,
+        ALIAS_PLURAL,
+        "embeddingalias",
+    )
+    assert (names["shortNames"], names["categories"]) == (["emba"], ["warmgate"])
+    assert ALIAS_CRD["spec"]["scope"] == "Namespaced"
+    assert f"{ALIAS_CRD['spec']['group']}/{ALIAS_VERSION['name']}" == API_VERSION
+    assert ALIAS_VERSION["served"] and ALIAS_VERSION["storage"]
+    assert ALIAS_VERSION["subresources"] == {"status": {}}  # no scale: an alias runs nothing
+    columns = {c["name"]: c["jsonPath"] for c in ALIAS_VERSION["additionalPrinterColumns"]}
+    assert columns == {
+        "Service": ".spec.service",
+        "Ready": '.status.conditions[?(@.type=="Ready")].status',
+        "Reason": '.status.conditions[?(@.type=="Ready")].reason',
+        "Age": ".metadata.creationTimestamp",
+    }
+
+
+def test_the_alias_crd_is_typed_and_described_and_its_service_is_a_dns_label() -> None:
+    for path, node in walk(ALIAS_SCHEMA):
+        if path in ("", ".metadata"):
+            continue
+        assert node.get("description"), path
+        assert "type" in node, path
+    spec = ALIAS_SCHEMA["properties"]["spec"]
+    assert ALIAS_SCHEMA["required"] == ["spec"] and spec["required"] == ["service"]
+    service = spec["properties"]["service"]
+    assert service["maxLength"] == 63
+    pattern = re.compile(service["pattern"])
+    for name in ("bge", "bge-small-v2", "a"):
+        assert pattern.search(name), name
+    for name in ("", "9bge", "bge.v2", "Bge", "bge-"):
+        assert not pattern.search(name), name
+    status = ALIAS_SCHEMA["properties"]["status"]["properties"]
+    assert set(status) == {"service", "revision", "observedGeneration", "conditions"}
+
+
 AUTOSCALING = SCHEMA["properties"]["spec"]["properties"]["autoscaling"]
 
 
@@ -202,3 +251,11 @@ def test_scale_to_zero_fields_and_rules() -> None:
     status = SCHEMA["properties"]["status"]["properties"]
     assert {"scaledToZeroAt", "scaleToZero"} <= set(status)
     assert set(status["scaleToZero"]["properties"]) == {"lastWokeAt", "awakeAt"}
+
+
+def test_each_crd_file_is_its_own_yaml_document() -> None:
+    """`helm show crds` (the documented CRD upgrade, piped to kubectl apply) prints the
+    chart's CRD files one after another as they are: without a leading `---` each, kubectl
+    would read one document holding the keys of both."""
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        assert path.read_text().startswith("---\n"), path.name

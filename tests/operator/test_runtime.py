@@ -15,7 +15,7 @@ from support.fakes import FakeClient
 
 from warmgate_contract import names
 from warmgate_operator.config import OperatorConfig
-from warmgate_operator.kube import DEPLOYMENT, EMBEDDING_SERVICE, POD, ResourceKind
+from warmgate_operator.kube import DEPLOYMENT, EMBEDDING_ALIAS, EMBEDDING_SERVICE, POD, ResourceKind
 from warmgate_operator.metrics import Metrics
 from warmgate_operator.runtime import MANAGED_SELECTOR, Operator
 from warmgate_operator.watch import WatchSettings
@@ -136,3 +136,34 @@ async def test_a_service_and_a_pod_deleted_while_the_watches_were_away_stay_gone
         metrics.value("warmgate_operator_watch_relists_total", {"resource": "embeddingservices"})
         == 1
     )
+
+
+def condition_reason(client: WatchableClient, name: str) -> str | None:
+    alias = client.find(EMBEDDING_ALIAS, "default", name) or {}
+    conditions = (alias.get("status") or {}).get("conditions") or [{}]
+    return conditions[0].get("reason")
+
+
+async def test_an_alias_gets_its_status_and_follows_its_service() -> None:
+    client = WatchableClient()
+    new_es(client)
+    client.put(
+        EMBEDDING_ALIAS,
+        {
+            "metadata": {"name": "search", "namespace": "default", "generation": 1},
+            "spec": {"service": "minilm"},
+        },
+    )
+    config = OperatorConfig(namespaces=("default",), resync_seconds=60)
+    operator = Operator.build(config, client, Metrics(), FAST)  # type: ignore[arg-type]
+    await operator.start()
+    try:
+        await until(lambda: condition_reason(client, "search") == names.REASON_RESOLVED)
+        assert client.selectors["embeddingaliases"] == ""  # every alias: each is a name
+        # The EmbeddingService goes while its watch is away: the relist tells the aliases too.
+        del client.objects[("EmbeddingService", "default", "minilm")]
+        client.expire(EMBEDDING_SERVICE)
+        await until(lambda: condition_reason(client, "search") == names.REASON_TARGET_MISSING)
+    finally:
+        await operator.stop()
+    assert "service" not in client.find(EMBEDDING_ALIAS, "default", "search")["status"]

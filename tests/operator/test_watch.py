@@ -210,3 +210,42 @@ def test_the_label_index_follows_a_relabelled_object_and_replace_keeps_other_nam
     gone = store.replace("ns", [])  # a listing of namespace ns only
     assert [obj["metadata"]["name"] for obj in gone] == ["a"]
     assert names(store) == ["z"] and store.labelled("ns", "e5") == []
+
+
+async def test_an_optional_kind_whose_crd_is_missing_is_taken_as_empty_until_it_is_served() -> None:
+    """An operator upgraded before the EmbeddingAlias CRD was applied: the alias listing is
+    a 404. It counts as an empty first listing (so reconciles start), and is tried again
+    until the CRD is there."""
+    missing = ApiError(404, "NotFound", "the server could not find the requested resource")
+    api = ScriptedApi([missing, missing, ([pod("a", 1)], "10")], [[QUIET]])  # type: ignore[list-item]
+    store = Store(POD)
+    events: list = []
+    reflector = Reflector(
+        api,  # type: ignore[arg-type]
+        store,
+        events.append,
+        "ns",
+        settings=FAST,
+        optional=True,
+    )
+    task = asyncio.create_task(reflector.run())
+    try:
+        await asyncio.wait_for(reflector.synced.wait(), 1)
+        first = events[0]
+        assert isinstance(first, Listing) and first.objects == () and not first.relist
+        for _ in range(200):
+            if len(store):
+                break
+            await asyncio.sleep(0.005)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert names(store) == ["a"] and api.lists == 3
+    assert [len(e.objects) for e in events] == [0, 1]  # the second 404 tells nothing new
+
+
+async def test_a_kind_that_must_be_served_is_not_taken_as_empty() -> None:
+    missing = ApiError(404, "NotFound", "the server could not find the requested resource")
+    api = ScriptedApi([missing, ([pod("a", 1)], "10")], [[QUIET]])  # type: ignore[list-item]
+    _, events = await reflect(api, lambda events: len(events) == 1)
+    assert len(events[0].objects) == 1 and api.lists == 2

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from warmgate_contract.names import MANAGED_BY, MANAGED_BY_LABEL
-from warmgate_operator.kube import EMBEDDING_SERVICE, ApiError, ResourceKind
+from warmgate_operator.kube import EMBEDDING_ALIAS, EMBEDDING_SERVICE, ApiError, ResourceKind
 from warmgate_operator.runtime import CHILD_KINDS
 from warmgate_operator.watch import Cache
 
@@ -26,13 +26,15 @@ class FakeClient:
         self._rv = itertools.count(100)
         self._uid = itertools.count(1)
         self.fail_apply_for: set[str] = set()
-        self.cache = Cache(EMBEDDING_SERVICE, CHILD_KINDS, "warmgate.dev/service")
-        """What the operator's watches would hold: the EmbeddingServices, and the children
-        labelled as warmgate's."""
+        self.cache = Cache(EMBEDDING_SERVICE, CHILD_KINDS, "warmgate.dev/service", EMBEDDING_ALIAS)
+        """What the operator's watches would hold: the EmbeddingServices and aliases, and the
+        children labelled as warmgate's."""
 
     def _mirror(self, event_type: str, kind: ResourceKind, obj: Mapping[str, Any]) -> None:
         if kind == EMBEDDING_SERVICE:
             store = self.cache.services
+        elif kind == EMBEDDING_ALIAS:
+            store = self.cache.aliases
         elif (
             kind in self.cache.children
             and (obj["metadata"].get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
@@ -140,6 +142,22 @@ class FakeClient:
                 obj["spec"]["replicas"] = op["value"]
         return self.put(kind, obj)
 
+    async def merge_patch(
+        self,
+        kind: ResourceKind,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        self._count("PATCH", kind.kind + (f"/{subresource}" if subresource else ""), name)
+        current = self.objects.get((kind.kind, namespace, name))
+        if current is None:
+            raise ApiError(404, "NotFound", f"{kind.plural} {name!r} not found")
+        obj = copy.deepcopy(current)
+        _merge_patch(obj, patch)
+        return self.put(kind, obj)
+
     async def create(self, kind: ResourceKind, namespace: str, body: Mapping[str, Any]) -> dict:
         self._count("POST", kind.kind, body["metadata"].get("generateName", ""))
         self.events.append(copy.deepcopy(dict(body)))
@@ -150,6 +168,17 @@ def _merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
     for key, value in new.items():
         if isinstance(value, Mapping) and isinstance(into.get(key), dict):
             _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+def _merge_patch(into: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    """RFC 7386: None removes a key, an object merges, anything else replaces."""
+    for key, value in patch.items():
+        if value is None:
+            into.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge_patch(into[key], value)
         else:
             into[key] = copy.deepcopy(value)
 
