@@ -188,25 +188,33 @@ class Router:
         if self.kube is None or now - self._woken.get(key, -1e9) < 10:
             return
         self._woken[key] = now
-        patch = [
-            {"op": "test", "path": "/spec/replicas", "value": 0},
-            {"op": "replace", "path": "/spec/replicas", "value": 1},
-        ]
-        try:
-            await self.kube.request(
-                "PATCH",
-                SERVICES.path(key[0], key[1], "scale"),
-                patch,
-                content_type="application/json-patch+json",
-            )
-        except ApiError as error:
-            if error.status in (409, 422):  # no longer at zero: woken by another replica
-                return
-            log.warning("%s/%s: could not scale from zero: %s", *key, error)
+        path = SERVICES.path(key[0], key[1], "scale")
+        # A Scale at 0 replicas has no spec.replicas (omitted when empty). The write is
+        # conditional on the version read, so an HPA decision or another replica's wake in
+        # between is never overwritten: a 409 reads again (the EmbeddingService also changes
+        # for the last-request annotation, written at the same moment).
+        for _ in range(5):
+            try:
+                scale = await self.kube.request("GET", path)
+                if int((scale.get("spec") or {}).get("replicas") or 0) > 0:
+                    return  # woken by another replica, or scaled by someone else
+                version = scale["metadata"]["resourceVersion"]
+                await self.kube.request(
+                    "PATCH",
+                    path,
+                    {"metadata": {"resourceVersion": version}, "spec": {"replicas": 1}},
+                    content_type="application/merge-patch+json",
+                )
+                break
+            except ApiError as error:
+                if error.status == 409:
+                    continue
+                log.warning("%s/%s: could not scale from zero: %s", *key, error)
+            except (aiohttp.ClientError, TimeoutError, KeyError) as error:
+                log.warning("%s/%s: could not scale from zero: %s", *key, error)
             self._woken.pop(key, None)
             return
-        except (aiohttp.ClientError, TimeoutError) as error:
-            log.warning("%s/%s: could not scale from zero: %s", *key, error)
+        else:
             self._woken.pop(key, None)
             return
         self.metrics.cold_starts.labels(service=f"{key[0]}/{key[1]}").inc()
