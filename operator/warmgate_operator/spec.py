@@ -100,7 +100,7 @@ class ModelSpec:
     max_input_length: int | None = None
     auto_truncate: bool = False
     trust_remote_code: bool = False
-    openai_token_ids: str = "model"
+    openai_token_ids: str = "cl100k_base"
     default_prompt_name: str | None = None
     default_prompt: str | None = None
     source: ModelSource = field(default_factory=ModelSource)
@@ -416,7 +416,7 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         max_input_length=_int(model_raw, "maxInputLength", None, "spec.model"),
         auto_truncate=bool(_get(model_raw, "autoTruncate", False)),
         trust_remote_code=bool(_get(model_raw, "trustRemoteCode", False)),
-        openai_token_ids=_get(model_raw, "openaiTokenIds", "model"),
+        openai_token_ids=_get(model_raw, "openaiTokenIds", "cl100k_base"),
         default_prompt_name=_get(model_raw, "defaultPromptName", None),
         default_prompt=_get(model_raw, "defaultPrompt", None),
         source=source,

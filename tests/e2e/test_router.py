@@ -102,7 +102,6 @@ def test_names_and_an_alias_switch_through_the_router_never_mix_vector_spaces(
     kube.apply(
         embedding_service(
             "new", "v2", replicas=1, resources=SMALL, service={"type": "ClusterIP"},
-            model={"openaiTokenIds": "cl100k_base"},
         )
     )  # fmt: skip
     kube.apply(

@@ -171,7 +171,7 @@ def test_server_flags_follow_the_contract() -> None:
         "--max-batch-size=8",
         "--max-client-batch-size=2048",
         "--no-auto-truncate",
-        "--openai-token-ids=model",
+        "--openai-token-ids=cl100k_base",
         "--max-batch-tokens=1024",
         "--max-wait-ms=2",
         "--max-concurrent-requests=256",
