@@ -51,7 +51,7 @@ def setup_logging(config: RouterConfig) -> None:
 def reflectors(kube: Kube, view: View, namespaces: Sequence[str]) -> list[Reflector]:
     scopes: Sequence[str | None] = namespaces or (None,)
     return [
-        Reflector(kube, kind, namespace, view.on_listing, view.on_change, selector)
+        Reflector(kube, kind, namespace, view.on_listing, view.on_change, selector, kind is ALIASES)
         for namespace in scopes
         for kind, selector in ((SERVICES, ""), (ALIASES, ""), (SLICES, SLICE_SELECTOR))
     ]

@@ -200,8 +200,12 @@ class Reflector:
         on_listing: Listing,
         on_change: Change,
         selector: str = "",
+        optional: bool = False,
     ) -> None:
         self.kube = kube
+        self.optional = optional
+        """A kind whose CRD may be missing (the EmbeddingAlias CRD after a `helm upgrade`,
+        which installs no new CRD): a 404 counts as an empty listing, tried again later."""
         self.kind = kind
         self.namespace = namespace
         self.selector = selector
@@ -227,6 +231,12 @@ class Reflector:
             except ApiError as error:
                 if error.status == 410:
                     log.info("%s: watch expired, listing again", self)
+                    continue
+                if error.status == 404 and self.optional:
+                    log.warning("%s: not served (is its CRD installed?); none for now", self)
+                    self.on_listing(self.kind, self.namespace, [])
+                    self.synced.set()
+                    await asyncio.sleep(30)
                     continue
                 log.warning("%s: %s; listing again in %.1fs", self, error, delay)
             except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as error:

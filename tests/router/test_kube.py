@@ -1,0 +1,113 @@
+"""The router's watches on a real apiserver (the devcluster's control plane): a listing, then
+the changes, into the View the router forwards by; a kind that is not served (the alias CRD
+missing after a `helm upgrade`) counts as none, so the router still becomes ready."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from support.cluster import example, install_crd
+
+from warmgate_devcluster import kubeapi
+from warmgate_router.kube import Kind, Kube, Reflector
+from warmgate_router.view import ALIASES, SERVICES, SLICES, View
+
+pytestmark = pytest.mark.cluster
+
+
+def router_kube(devcluster) -> Kube:
+    configuration = k8s_client.Configuration()
+    k8s_config.load_kube_config(
+        config_file=devcluster.kubeconfig, client_configuration=configuration
+    )
+    return Kube(configuration)
+
+
+async def until(check, seconds: float = 30) -> None:
+    for _ in range(int(seconds * 10)):
+        if check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {seconds}s")
+
+
+async def test_names_and_endpoints_follow_the_cluster(devcluster, namespace) -> None:
+    install_crd(devcluster)
+    kube = router_kube(devcluster)
+    view = View()
+    reflectors = [
+        Reflector(kube, kind, namespace, view.on_listing, view.on_change, optional=kind is ALIASES)
+        for kind in (SERVICES, ALIASES, SLICES)
+    ]
+    tasks = [asyncio.create_task(r.run()) for r in reflectors]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(r.synced.wait() for r in reflectors)), 30)
+        assert view.lookup("docs") == "no model named 'docs'"
+        body = example("docs")
+        kubeapi.call(devcluster.api, "POST", kubeapi.resource_path(
+            "warmgate.dev/v1alpha1", "embeddingservices", namespace), body)  # fmt: skip
+        alias = {
+            "apiVersion": "warmgate.dev/v1alpha1",
+            "kind": "EmbeddingAlias",
+            "metadata": {"name": "search"},
+            "spec": {"service": "docs"},
+        }
+        kubeapi.call(devcluster.api, "POST", kubeapi.resource_path(
+            "warmgate.dev/v1alpha1", "embeddingaliases", namespace), alias)  # fmt: skip
+        await until(lambda: not isinstance(view.lookup("search"), str))
+        assert view.lookup("search").service == "docs"
+        # An EndpointSlice of the service's name, as the EndpointSlice controller writes it.
+        endpoint_slice = {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "docs-abc",
+                "labels": {
+                    "kubernetes.io/service-name": "docs",
+                    "app.kubernetes.io/managed-by": "warmgate",
+                },
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["10.244.7.7"], "conditions": {"ready": True}}],
+        }
+        slices = kubeapi.resource_path("discovery.k8s.io/v1", "endpointslices", namespace)
+        kubeapi.call(devcluster.api, "POST", slices, endpoint_slice)
+        await until(lambda: [e.address for e in view.ready((namespace, "docs"))] == ["10.244.7.7"])
+        kubeapi.call(devcluster.api, "DELETE", f"{slices}/docs-abc")
+        await until(lambda: view.ready((namespace, "docs")) == [])
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await kube.close()
+
+
+async def test_a_kind_the_apiserver_does_not_serve_counts_as_none_when_optional(
+    devcluster, namespace
+) -> None:
+    kube = router_kube(devcluster)
+    missing = Kind("warmgate.dev/v1alpha1", "nosuchthings")
+    seen: list[list] = []
+    optional = Reflector(kube, missing, namespace, lambda k, n, items: seen.append(items),
+                         lambda *a: None, optional=True)  # fmt: skip
+    required = Reflector(kube, missing, namespace, lambda *a: None, lambda *a: None)
+    tasks = [asyncio.create_task(optional.run()), asyncio.create_task(required.run())]
+    try:
+        await asyncio.wait_for(optional.synced.wait(), 30)
+        assert seen == [[]]
+        await asyncio.sleep(2)
+        assert not required.synced.is_set()  # a kind the router needs keeps it unready
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await kube.close()
