@@ -92,7 +92,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics.leader.set(1)
     client = KubeClient.from_environment(max_threads=config.workers)
     if elector is not None:
-        client.write_fence, client.on_fence = elector.may_write, _lost
+        fenced = elector
+
+        def on_fence() -> None:
+            fenced.report_fenced()
+            _lost()
+
+        client.write_fence, client.on_fence = elector.may_write, on_fence
     registry = kopf.OperatorRegistry()
     register(registry)
     try:

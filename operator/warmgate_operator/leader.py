@@ -68,6 +68,23 @@ class LeaderElector:
             renewed = self._renewed
         return renewed is not None and time.monotonic() - renewed < self.renew_deadline_seconds
 
+    def report_fenced(self) -> None:
+        """A write was stopped by the fence: say why before the process exits."""
+        with self._lock:
+            renewed = self._renewed
+        since = (
+            "never renewed"
+            if renewed is None
+            else (f"last renewed {time.monotonic() - renewed:.1f}s ago")
+        )
+        log.error(
+            "lost lease %s/%s (%s, renew deadline %.1fs): a write was stopped before it was sent",
+            self.namespace,
+            self.name,
+            since,
+            self.renew_deadline_seconds,
+        )
+
     def holder(self) -> str | None:
         """Who holds the Lease, as last read."""
         return self._record[0] if self._record else None
