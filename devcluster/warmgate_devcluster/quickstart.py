@@ -60,6 +60,9 @@ def chart_values(hub_endpoint: str | None) -> list[str]:
     return values
 
 
+INSTANCE = "app.kubernetes.io/instance"
+
+
 class Quickstart:
     def __init__(self, config: ClusterConfig) -> None:
         self.cluster = DevCluster(config)
@@ -85,18 +88,37 @@ class Quickstart:
     def install_operator(self) -> None:
         _say("installing the CRD and the operator (helm chart, in-cluster, from its image)")
         testkit.install_crd(self.cluster, timeout=60)
-        self.helm(
-            "upgrade",
-            "--install",
-            RELEASE,
-            str(CHART),
-            "--namespace",
-            OPERATOR_NAMESPACE,
-            "--create-namespace",
-            *chart_values(self.cluster.hub_endpoint),
-            "--wait",
-            "--timeout=5m",
-        )
+        try:
+            self.helm(
+                "upgrade",
+                "--install",
+                RELEASE,
+                str(CHART),
+                "--namespace",
+                OPERATOR_NAMESPACE,
+                "--create-namespace",
+                *chart_values(self.cluster.hub_endpoint),
+                "--wait",
+                "--timeout=5m",
+            )
+        except subprocess.CalledProcessError as error:
+            _say(f"helm failed: {(error.stderr or error.stdout or '').strip()}")
+            self.show_operator_namespace()
+            raise
+
+    def show_operator_namespace(self) -> None:
+        """What a user looks at when the chart does not become ready: the pods, their events
+        and the last lines of each container's log."""
+        ns = ("-n", OPERATOR_NAMESPACE)
+        for args in (
+            ("get", "deployments,pods,endpointslices", "-o", "wide"),
+            ("get", "events", "--sort-by=.lastTimestamp"),
+            ("describe", "pods"),
+            ("logs", "--all-containers", "--prefix", "--tail=40", "-l", f"{INSTANCE}={RELEASE}"),
+        ):
+            shown = self.kubectl(*ns, *args, check=False)
+            print(f"$ kubectl -n {OPERATOR_NAMESPACE} {' '.join(args)}")
+            print((shown.stdout + shown.stderr).rstrip()[-6000:], flush=True)
 
     def up(self, example: Path, timeout: float) -> int:
         started = time.monotonic()

@@ -62,9 +62,20 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterConfig:
 
     def add(flag: str, kind: type, default: object, help_: str) -> None:
         env = _env(flag)
-        parser.add_argument(
-            f"--{flag}", type=kind, default=kind(env) if env is not None else default, help=help_
-        )
+        if env is not None:
+            try:
+                default = kind(env)
+            except ValueError:
+                name = "WARMGATE_ROUTER_" + flag.upper().replace("-", "_")
+                hint = (
+                    ": Kubernetes sets it when a Service named warmgate-router is in the pod's "
+                    "namespace and the pod spec leaves enableServiceLinks on (the chart turns "
+                    "it off)"
+                    if env.startswith(("tcp://", "udp://", "sctp://"))
+                    else ""
+                )
+                parser.error(f"{name}={env!r} is not a valid --{flag}{hint}")
+        parser.add_argument(f"--{flag}", type=kind, default=default, help=help_)
 
     add("host", str, defaults.host, "address to listen on")
     add("port", int, defaults.port, "port of the data routes, /healthz, /ready and /metrics")

@@ -446,6 +446,8 @@ def test_the_router_accepts_every_argument_the_chart_renders(helm, values, expec
     (deployment,) = by_kind(render(helm, *values), "Deployment", ROUTER_NAME)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert "command" not in container  # the image's ENTRYPOINT: python -m warmgate_router
+    # The router's own Service (warmgate-router) would otherwise set WARMGATE_ROUTER_PORT.
+    assert deployment["spec"]["template"]["spec"]["enableServiceLinks"] is False
     config = parse_args(container["args"])
     assert {key: getattr(config, key) for key in expected} == expected
     assert container["ports"] == [{"name": "http", "containerPort": config.port}]

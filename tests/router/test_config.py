@@ -16,3 +16,14 @@ def test_flags_and_their_environment_twins(monkeypatch):
     with pytest.raises(SystemExit):
         parse_args(["--log-format", "xml"])
     assert RouterConfig().port == 8080
+
+
+def test_a_service_link_in_the_environment_is_named_not_a_traceback(monkeypatch, capsys):
+    # A Service named warmgate-router in the pod's namespace makes the kubelet set
+    # WARMGATE_ROUTER_PORT=tcp://... in every pod that keeps enableServiceLinks on.
+    monkeypatch.setenv("WARMGATE_ROUTER_PORT", "tcp://10.96.0.20:80")
+    with pytest.raises(SystemExit):
+        parse_args([])
+    said = capsys.readouterr().err
+    assert "WARMGATE_ROUTER_PORT='tcp://10.96.0.20:80' is not a valid --port" in said
+    assert "enableServiceLinks" in said
