@@ -139,6 +139,22 @@ bench-server-infinity: ## Install Infinity into its own venv (~/.cache/warmgate/
 	$(PYTHON) -m venv $(HOME)/.cache/warmgate/infinity-venv
 	$(HOME)/.cache/warmgate/infinity-venv/bin/pip install --quiet "infinity-emb[server,torch]==0.0.78" torch==2.15.0
 
+# Pins that work together on Python 3.11: not optimum 1.x (Infinity imports its bettertransformer,
+# which raises on transformers >= 4.49, and its ONNX exporter breaks on torch >= 2.9);
+# optimum-onnx 0.1.0 needs optimum 2.1. torch is PyPI's wheel, as in the project's venv.
+.PHONY: bench-server-infinity-onnx
+bench-server-infinity-onnx: ## Install Infinity with ONNX Runtime (--engine optimum) into ~/.cache/warmgate/infinity-onnx-venv
+	$(PYTHON) -m venv $(HOME)/.cache/warmgate/infinity-onnx-venv
+	$(HOME)/.cache/warmgate/infinity-onnx-venv/bin/pip install --quiet --cache-dir $(PIP_CACHE) \
+		"infinity-emb[server,optimum]==0.0.78" optimum==2.1.0 "optimum-onnx[onnxruntime]==0.1.0" \
+		onnxruntime==1.32.0 onnx==1.23.2 transformers==4.57.6 numpy==1.26.4 torch==2.15.0
+
+.PHONY: bench-compile
+bench-compile: install ## Forward passes side by side (issue 27): warmgate's packed pass, torch.compile, ONNX Runtime
+	$(PY) -m pip install --quiet onnxruntime==1.32.0
+	@[[ -x $(HOME)/.cache/warmgate/infinity-onnx-venv/bin/optimum-cli ]] || $(MAKE) bench-server-infinity-onnx
+	$(PY) bench/server/compile_candidates.py $(BENCH_ARGS)
+
 .PHONY: bench-router
 bench-router: ## warmgate-router against the Service directly (latency added, throughput, CPU), scale from zero
 	+$(preflight)
