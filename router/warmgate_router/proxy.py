@@ -111,6 +111,10 @@ class Router:
         self.draining = False
         """After SIGTERM: every answer closes its connection, so a pooled client's next
         request opens a new one through the Service, to another router replica."""
+        self.stopping = False
+        """At the end of the drain, before the watches stop: requests still held are answered
+        503 with Retry-After (another replica holds them again), never left to the process's
+        end."""
 
     # -- the pods' connections ------------------------------------------------------------
     def session(self) -> aiohttp.ClientSession:
@@ -263,6 +267,9 @@ class Router:
                     break
                 if _gone(request):
                     break
+                if self.stopping:
+                    outcome = "router_stopping"
+                    break
                 if replicas(self.view.service(key) or {}) == 0:
                     await self.wake(key)
         finally:
@@ -274,6 +281,15 @@ class Router:
             return waited
         if outcome == "client_gone":
             raise Refused(499, "the client closed the connection while held", "client_gone")
+        if outcome == "router_stopping":
+            raise Refused(
+                503,
+                f"EmbeddingService {label} had no warm pod yet and this router replica is "
+                f"shutting down after holding the request {waited:.0f} s: retry (another "
+                "replica holds it)",
+                "router_stopping",
+                RETRY_AFTER_SECONDS,
+            )
         raise Refused(
             503,
             f"EmbeddingService {label} has had no warm pod for {waited:.0f} s "
@@ -497,7 +513,10 @@ def build_app(router: Router) -> web.Application:
 
     async def prepare(request: web.Request, response: web.StreamResponse) -> None:
         if router.draining:
+            # aiohttp (3.14) writes the Connection header before this hook runs, so the header
+            # is set here too: the client must know before it reuses the connection.
             response.force_close()
+            response.headers["Connection"] = "close"
 
     app.on_response_prepare.append(prepare)
 

@@ -333,6 +333,34 @@ async def test_holding_is_bounded_in_time_and_count_and_ends_when_the_client_lea
     )
 
 
+async def test_a_replica_that_stops_answers_its_held_requests_at_once_with_retry_after(rig, pods):
+    """After the drain, a stopping replica does not keep held requests to its end: each gets a
+    503 with Retry-After and a connection closed, so the client's retry goes to another
+    replica through the Service."""
+    r = await rig(hold_seconds=60)
+    names(r.view, [es("docs")], [])
+    async with aiohttp.ClientSession() as session:
+        held = asyncio.create_task(
+            session.post(r.url + "/v1/embeddings", json={"model": "docs", "input": "x"})
+        )
+        await asyncio.sleep(0.5)
+        assert not held.done() and r.router.held == 1
+        r.router.draining = True
+        r.router.stopping = True
+        stopped = time.monotonic()
+        response = await held
+        assert time.monotonic() - stopped < 2
+        body = await response.json()
+        assert response.status == 503 and response.headers["Retry-After"] == "5"
+        assert "shutting down" in body["error"]["message"]
+        assert response.headers.get("Connection", "").lower() == "close", dict(response.headers)
+        assert body["error"]["code"] == "router_stopping"
+        response.release()
+    assert r.router.held == 0
+    outcome = {"service": f"{NS}/docs", "outcome": "router_stopping"}
+    assert r.counter("warmgate_router_hold_seconds_count", **outcome) == 1
+
+
 async def test_a_pod_that_closes_its_connections_loses_no_request(rig, pods, loaded):
     """A standby or draining server answers `Connection: close` and closes idle connections:
     the router's pool reconnects, no request fails."""
