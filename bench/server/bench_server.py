@@ -4,12 +4,18 @@
 2. Cold versus warm: the server with and without warmup; right after /ready, the first request
    of each planned shape against that shape's steady median (target with warmup: <= 1.25).
 3. Throughput and latency at concurrency 1, 8 and 32, single short sentences and batches of 32:
-   warmgate, sentence-transformers encode in-process (the ceiling), and Infinity (its own venv,
-   the same local model folder, offline) when it can be installed and started.
-4. Served tokens/s against the matmul peak (about 22 MFLOP per token for all-MiniLM-L6-v2).
+   warmgate, sentence-transformers encode in-process (the ceiling), and two peers when they can
+   be started, each from its own venv, offline: Infinity's torch engine on the same local model
+   folder (`make bench-server-infinity`) and Infinity's ONNX Runtime engine (`--engine optimum`,
+   `make bench-server-infinity-onnx`) on that folder's ONNX export (bench/server/onnx_export.py,
+   made or refreshed here, idempotent). Each load point runs on warmgate, then at once on each
+   peer; `--rounds N` repeats the whole set of points N times, alternating the same way.
+4. Served tokens/s against the matmul peak (about 22 MFLOP per token for all-MiniLM-L6-v2), and
+   issue 27's targets against Infinity with ONNX Runtime.
 
-Writes bench/results/bench_server.json and the server section of docs/benchmarks.md.
-Not a timed test: it takes several minutes, longer on a contended machine.
+Writes bench/results/bench_server.json and the server section of docs/benchmarks.md (`--out`,
+`--doc`). Not a timed test: it takes several minutes, longer on a contended machine. A short
+run, throughput points only: `--skip-cold --points 1x1,32x1,8x32 --rounds 2 --seconds 4`.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import onnx_export
 from loadgen import SHORT_SENTENCES, closed_loop, markdown_table, probe_shapes
 
 from warmgate_server.config import ServerConfig
@@ -37,6 +44,13 @@ from warmgate_server.testing import ServerProcess, minilm_path
 REPO = Path(__file__).resolve().parents[2]
 MFLOP_PER_TOKEN = 22.0
 INFINITY_VENV = Path(os.environ.get("INFINITY_VENV", "~/.cache/warmgate/infinity-venv"))
+# $INFINITY_ONNX_VENV, else ~/.cache/warmgate/infinity-onnx-venv
+INFINITY_ONNX_VENV = onnx_export.ONNX_VENV
+# The peers, in the order each load point runs on them after warmgate: result key, label.
+PEERS = (("infinity", "Infinity (torch engine)"),
+         ("infinity_onnx", "Infinity (ONNX Runtime engine, `--engine optimum`)"))  # fmt: skip
+POINT_COLUMNS = ["round", "concurrency", "batch", "req_per_s", "inputs_per_s", "p50_ms",
+                 "p90_ms", "p99_ms", "errors", "load_average"]  # fmt: skip
 COLUMNS = ["batch_size", "seq_len", "first_ms", "steady_ms", "ratio", "worst_ratio",
            "first_cold_header"]  # fmt: skip
 UNSEEN_COLUMNS = ["batch_size", "seq_len", "tokens", "first_ms", "steady_ms", "ratio",
@@ -55,10 +69,49 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--probe-batch-sizes", default="1,8,32")
     parser.add_argument("--probe-max-batch-tokens", default="4096")
     parser.add_argument("--serve-buckets", default="12,16,24,32,64,128,256")
+    parser.add_argument(
+        "--points",
+        default=None,
+        help="load points as CONCURRENCYxBATCH, e.g. 1x1,32x1,8x32 (batch 1 or "
+        "32); default: each --concurrency with batch 1, then with batch 32",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run the whole set of load points this many times"
+    )
+    parser.add_argument(
+        "--skip-cold",
+        action="store_true",
+        help="skip the cold-versus-warm section (throughput and latency only)",
+    )
     parser.add_argument("--skip-infinity", action="store_true")
+    parser.add_argument("--skip-infinity-onnx", action="store_true")
+    parser.add_argument("--onnx-dir", type=Path, default=None,
+                        help="where the ONNX export lives (default: ~/.cache/warmgate/onnx/"
+                        "<model folder name>)")  # fmt: skip
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
     parser.add_argument("--doc", default=str(REPO / "docs" / "benchmarks.md"))
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.load_points = load_points(args)
+    return args
+
+
+def load_points(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """(concurrency, batch) in run order: `--points`, else every `--concurrency` with single
+    sentences and then with batches of 32."""
+    if args.points is None:
+        levels = [int(c) for c in args.concurrency.split(",")]
+        return [(c, b) for b in (1, 32) for c in levels]
+    points = []
+    for item in args.points.split(","):
+        concurrency, _, batch = item.strip().lower().partition("x")
+        if int(batch) not in (1, 32) or int(concurrency) < 1:
+            raise SystemExit(f"--points: {item!r} is not CONCURRENCYx1 or CONCURRENCYx32")
+        points.append((int(concurrency), int(batch)))
+    return points
+
+
+def batch_of(size: int) -> list[str]:
+    return SHORT_SENTENCES[:1] if size == 1 else (SHORT_SENTENCES * 4)[:32]
 
 
 def machine() -> dict[str, Any]:
@@ -182,6 +235,50 @@ def start_infinity(
         "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--engine", "torch",
         "--batch-size", "32",
     ]  # fmt: skip
+    return _serve_until_healthy(command, env, port, log_path, timeout_s)
+
+
+def start_infinity_onnx(
+    args: argparse.Namespace, model: str, served_name: str = "minilm", timeout_s: float = 600
+) -> tuple[Any, str, dict[str, Any]]:
+    """Infinity's ONNX Runtime engine (`--engine optimum --device cpu --pooling-method mean`,
+    onnx_export.infinity_command) from its own venv, offline, on the model folder's ONNX export
+    (made or refreshed by onnx_export.export first: idempotent, a no-op when up to date)."""
+    venv = INFINITY_ONNX_VENV.expanduser()
+    binary = venv / "bin" / "infinity_emb"
+    if not binary.exists():
+        error = (f"{binary} not found: install with `make bench-server-infinity-onnx` "
+                 f"(python -m venv {venv} && {venv}/bin/pip install "
+                 "'infinity-emb[server,optimum]==0.0.78' and the Makefile's pins)")  # fmt: skip
+        return None, "", {"error": error}
+    source = Path(model).expanduser().resolve()
+    out = args.onnx_dir
+    if out is None:  # the PyPI package's folder is called `model`: name it by its package
+        out = onnx_export.OUT_ROOT / (source.parent.name if source.name == "model" else source.name)
+    started = time.monotonic()
+    try:
+        folder = onnx_export.export(source, out, venv=venv, log=print)
+    except (OSError, RuntimeError, ValueError) as error:
+        return None, "", {"error": f"ONNX export of {source} failed: {error}"}
+    export_seconds = round(time.monotonic() - started, 1)
+    port = onnx_export.free_port()
+    log_path = Path(args.out) / "infinity-onnx.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = onnx_export.offline_env()
+    env.pop("OMP_NUM_THREADS", None)
+    command = onnx_export.infinity_command(folder, port, venv, served_name)
+    process, url, found = _serve_until_healthy(command, env, port, log_path, timeout_s)
+    found.update(onnx_folder=str(folder), export_seconds=export_seconds)
+    if process is not None:
+        log_text = log_path.read_text(errors="replace")
+        found["loaded_optimized_file"] = "Optimized model found at" in log_text
+    return process, url, found
+
+
+def _serve_until_healthy(
+    command: list[str], env: dict[str, str], port: int, log_path: Path, timeout_s: float
+) -> tuple[Any, str, dict[str, Any]]:
+    """Starts `command` (logging to `log_path`) and waits for /health 200 on `port`."""
     started = time.monotonic()
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -195,19 +292,22 @@ def start_infinity(
             with urllib.request.urlopen(url + "/health", timeout=2) as response:
                 if response.status == 200:
                     ready = round(time.monotonic() - started, 1)
-                    found = {"command": " ".join(command), "points": [], "ready_seconds": ready}
+                    found = {"command": " ".join(command), "points": [], "ready_seconds": ready,
+                             "pid": process.pid}  # fmt: skip
                     return process, url, found
         except OSError:
             pass
         if time.monotonic() > deadline:
             process.kill()
+            process.wait(30)
             return None, url, {"error": f"infinity was not healthy within {timeout_s:g} s"}
         time.sleep(0.5)
 
 
 def side_by_side(args: argparse.Namespace, model: str) -> dict[str, Any]:
-    """warmgate and Infinity both up; each load point runs on one, then at once on the other,
-    and the in-process ceiling is measured between them, so all three see the same machine."""
+    """warmgate and its peers all up; each load point runs on warmgate, then at once on each
+    peer, and the in-process ceiling is measured before each batch size's points, so all see
+    the same machine. `--rounds` repeats the whole sequence."""
     server_args = [
         "--model", model, "--device", "cpu", "--sequence-buckets", args.serve_buckets,
         "--warmup-batch-sizes", "1,8,32", "--max-batch-tokens", "4096",
@@ -216,44 +316,51 @@ def side_by_side(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
     encoder = SentenceTransformer(model, device="cpu")
     result: dict[str, Any] = {"warmgate": {"points": []}, "ceiling": []}
-    infinity_process = None
+    starters = {"infinity": start_infinity, "infinity_onnx": start_infinity_onnx}
+    skipped = {"infinity": args.skip_infinity, "infinity_onnx": args.skip_infinity_onnx}
+    running: dict[str, tuple[Any, str]] = {}
     with ServerProcess(server_args) as server:
         report = server.wait_ready(timeout=900)
         result["warmgate"]["warmup_seconds"] = report["warmup_seconds"]
-        if args.skip_infinity:
-            infinity = {"error": "skipped (--skip-infinity)"}
-        else:
-            infinity_process, infinity_url, infinity = start_infinity(args, model)
-        result["infinity"] = infinity
         try:
-            for batch in (SHORT_SENTENCES[:1], (SHORT_SENTENCES * 4)[:32]):
-                ceiling = sentence_transformers_ceiling(args, encoder)
-                ceiling["load_average"] = os.getloadavg()[0]
-                result["ceiling"].append(ceiling)
-                print(json.dumps(ceiling), flush=True)
-                for concurrency in map(int, args.concurrency.split(",")):
+            for key, _ in PEERS:
+                flag = "--skip-" + key.replace("_", "-")
+                if skipped[key]:
+                    result[key] = {"error": f"skipped ({flag})"}
+                    continue
+                process, url, result[key] = starters[key](args, model)
+                print(key, json.dumps(result[key])[:2000], flush=True)
+                if process is not None:
+                    running[key] = (process, url)
+            for round_number in range(1, args.rounds + 1):
+                previous_batch = None
+                for concurrency, size in args.load_points:
+                    batch = batch_of(size)
+                    if size != previous_batch:
+                        ceiling = sentence_transformers_ceiling(args, encoder)
+                        ceiling["load_average"] = os.getloadavg()[0]
+                        ceiling["round"] = round_number
+                        result["ceiling"].append(ceiling)
+                        print(json.dumps(ceiling), flush=True)
+                        previous_batch = size
                     point = asyncio.run(closed_loop(server.url, concurrency, batch, args.seconds))
-                    point["load_average"] = round(os.getloadavg()[0], 1)
+                    point.update(round=round_number, load_average=round(os.getloadavg()[0], 1))
                     result["warmgate"]["points"].append(point)
                     print("warmgate", json.dumps(point), flush=True)
-                    if infinity_process is not None:
+                    for key, (_, url) in running.items():
                         point = asyncio.run(
                             closed_loop(
-                                infinity_url,
-                                concurrency,
-                                batch,
-                                args.seconds,
-                                "/embeddings",
-                                "minilm",
+                                url, concurrency, batch, args.seconds, "/embeddings", "minilm"
                             )
                         )
-                        point["load_average"] = round(os.getloadavg()[0], 1)
-                        infinity["points"].append(point)
-                        print("infinity", json.dumps(point), flush=True)
+                        point.update(round=round_number, load_average=round(os.getloadavg()[0], 1))
+                        result[key]["points"].append(point)
+                        print(key, json.dumps(point), flush=True)
         finally:
-            if infinity_process is not None and infinity_process.poll() is None:
-                infinity_process.kill()
-                infinity_process.wait(30)
+            for process, _ in running.values():
+                if process.poll() is None:
+                    process.kill()
+                    process.wait(30)
         with urllib.request.urlopen(server.url + "/metrics", timeout=10) as response:
             metrics = response.read().decode()
         server.terminate()
@@ -323,15 +430,23 @@ def render(result: dict[str, Any]) -> str:
         f"{result['matmul_gflops_after']:.1f} at the end.",
         "warmgate ran at its defaults on this machine: "
         f"{info.get('server_workers', '?')} model workers x {info['server_torch_threads']} torch "
-        "thread(s), the padding-free (packed) forward pass; Infinity at its defaults too.",
+        "thread(s), the padding-free (packed) forward pass; Infinity at its defaults too "
+        "(torch engine; ONNX Runtime engine with `--engine optimum --device cpu "
+        "--pooling-method mean` on the model folder's ONNX export, bench/server/onnx_export.py).",
+        f"Load average at the end: {', '.join(f'{v:.1f}' for v in result['load_average_at_end'])}.",
         "",
         "### Cold versus warm (first request of each planned shape right after /ready)",
         "",
-        "Each case ran in several fresh server processes; per shape, `first_ms`, `steady_ms` and "
-        "`ratio` are medians over the processes, `worst_ratio` the worst single process, and "
-        "`first_cold_header` has one `X-Warmgate-Cold` value per process.",
-        "",
     ]
+    if not result["cold_versus_warm"]:
+        lines += ["Not measured in this run (`--skip-cold`).", ""]
+    else:
+        lines += [
+            "Each case ran in several fresh server processes; per shape, `first_ms`, `steady_ms` "
+            "and `ratio` are medians over the processes, `worst_ratio` the worst single process, "
+            "and `first_cold_header` has one `X-Warmgate-Cold` value per process.",
+            "",
+        ]
     for run in result["cold_versus_warm"]:
         worst = max(shape["ratio"] for shape in run["shapes"])
         label = "with warmup" if run["warmup"] else "without warmup"
@@ -357,11 +472,12 @@ def render(result: dict[str, Any]) -> str:
     lines += [
         "### Throughput and latency (closed loop, OpenAI route)",
         "",
-        "Each load point ran on warmgate, then at once on Infinity (both servers up, the idle "
-        "one costs nothing); sentence-transformers' in-process encode, the ceiling, was measured "
-        "just before the single-sentence points and again before the batch points (the better "
-        "of the two is used below). `load_average` is the machine's 1-minute load when the "
-        "point ended: other engineers' builds and tests shared these 2 CPUs.",
+        f"Each load point ran for {result['seconds']:g} s on warmgate, then at once on each "
+        "peer (all servers up, the idle ones cost nothing), "
+        f"{result['rounds']} round(s) of the whole set (`round`); sentence-transformers' "
+        "in-process encode, the ceiling, was measured just before each batch size's points (the "
+        "best measurement is used below). `load_average` is the machine's 1-minute load when the "
+        "point ended: other engineers' builds and tests shared these CPUs.",
         "",
         f"sentence-transformers in-process ({ceiling['torch_threads']} thread(s)): one "
         f"sentence p50 **{ceiling['single_p50_ms']} ms**; batches of 32: "
@@ -374,23 +490,79 @@ def render(result: dict[str, Any]) -> str:
         + ").",
         "",
     ]
-    columns = ["concurrency", "batch", "req_per_s", "inputs_per_s", "p50_ms", "p90_ms", "p99_ms",
-               "errors", "load_average"]  # fmt: skip
-    lines += ["warmgate:", "", markdown_table(result["warmgate"]["points"], columns), ""]
-    infinity = result["infinity"]
-    if "error" in infinity:
-        lines += [f"Infinity: not measured: `{infinity['error'][:800]}`", ""]
-    else:
-        lines += ["Infinity:", "", markdown_table(infinity["points"], columns), ""]
+    lines += [
+        f"warmgate (ready after {result['warmgate'].get('warmup_seconds')} s of warmup):",
+        "",
+        markdown_table(result["warmgate"]["points"], POINT_COLUMNS),
+        "",
+    ]
+    for key, label in PEERS:
+        peer = result.get(key, {"error": "not run"})
+        if "error" in peer:
+            lines += [f"{label}: not measured: `{peer['error'][:800]}`", ""]
+        else:
+            lines += [
+                f"{label}, healthy {peer['ready_seconds']} s after start (`{peer['command']}`):",
+                "",
+                markdown_table(peer["points"], POINT_COLUMNS),
+                "",
+            ]
     lines += ["### Against the targets and the matmul peak", ""]
     lines += [f"- {line}" for line in result["verdicts"]]
     return "\n".join(lines)
 
 
+def by_point(points: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """(concurrency, batch) -> the median over rounds of p50_ms and inputs_per_s."""
+    grouped: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for point in points:
+        grouped.setdefault((point["concurrency"], point["batch"]), []).append(point)
+    return {
+        key: {
+            "concurrency": key[0],
+            "batch": key[1],
+            "rounds": len(rows),
+            "p50_ms": round(statistics.median(row["p50_ms"] for row in rows), 2),
+            "inputs_per_s": round(statistics.median(row["inputs_per_s"] for row in rows), 1),
+        }
+        for key, rows in grouped.items()
+    }
+
+
+def against_onnx(result: dict[str, Any]) -> list[str]:
+    """Issue 27's targets against Infinity with ONNX Runtime (medians over the rounds): p50 of
+    one sentence at concurrency 1 <= 0.8x its; inputs/s of batches of 32 at concurrency 8 and
+    of single sentences at concurrency 32 >= 1.3x its."""
+    peer = result.get("infinity_onnx", {})
+    if "points" not in peer:
+        return [f"issue 27's targets against Infinity+ONNX Runtime: not measured "
+                f"({peer.get('error', 'not run')[:200]})"]  # fmt: skip
+    ours, theirs = by_point(result["warmgate"]["points"]), by_point(peer["points"])
+    out = []
+    targets = (((1, 1), "p50_ms", "p50 of one sentence at concurrency 1", "<=", 0.8),
+               ((8, 32), "inputs_per_s", "inputs/s, batches of 32 at concurrency 8", ">=", 1.3),
+               ((32, 1), "inputs_per_s", "inputs/s, single sentences at concurrency 32", ">=",
+                1.3))  # fmt: skip
+    for key, field, what, sense, target in targets:
+        mine, other = ours.get(key), theirs.get(key)
+        if not mine or not other or not other[field]:
+            out.append(f"against Infinity+ONNX Runtime, {what}: not measured (point not run)")
+            continue
+        ratio = mine[field] / other[field]
+        met = ratio <= target if sense == "<=" else ratio >= target
+        unit = " ms" if field == "p50_ms" else ""
+        out.append(
+            f"against Infinity+ONNX Runtime, {what}: {mine[field]}{unit} vs {other[field]}{unit} "
+            f"= **{ratio:.2f}x** (issue 27's target {sense} {target}x: "
+            f"{'met' if met else 'not met'}; medians of {mine['rounds']} round(s))"
+        )
+    return out
+
+
 def verdicts(result: dict[str, Any]) -> list[str]:
     out = []
     ceiling = result["sentence_transformers"]
-    points = {(p["concurrency"], p["batch"]): p for p in result["warmgate"]["points"]}
+    points = by_point(result["warmgate"]["points"])
     single = points.get((1, 1))
     if single:
         ratio = single["p50_ms"] / ceiling["single_p50_ms"]
@@ -408,12 +580,13 @@ def verdicts(result: dict[str, Any]) -> list[str]:
         )
         infinity = result["infinity"]
         if "points" in infinity:
-            peer = {(p["concurrency"], p["batch"]): p for p in infinity["points"]}.get((32, 32))
+            peer = by_point(infinity["points"]).get((32, 32))
             if peer and peer["inputs_per_s"]:
                 out.append(
                     f"against Infinity at concurrency 32 (batches of 32): "
                     f"{c32['inputs_per_s'] / peer['inputs_per_s']:.2f}x (target >= 1.2x)"
                 )
+    out += against_onnx(result)
     for run in result["cold_versus_warm"]:
         worst = max(shape["ratio"] for shape in run["shapes"])
         single = max(shape["worst_ratio"] for shape in run["shapes"])
@@ -453,9 +626,13 @@ def main() -> int:
         "all_threads": matmul_gflops(usable_cpus()),
     }
     print(json.dumps(result), flush=True)
-    result["cold_versus_warm"] = cold_versus_warm(args, model)
+    result["load_points"] = [list(point) for point in args.load_points]
+    result["rounds"], result["seconds"] = args.rounds, args.seconds
+    result["cold_versus_warm"] = [] if args.skip_cold else cold_versus_warm(args, model)
     side = side_by_side(args, model)
-    result["warmgate"], result["infinity"] = side["warmgate"], side["infinity"]
+    result["warmgate"] = side["warmgate"]
+    for key, _ in PEERS:
+        result[key] = side[key]
     result["ceilings"] = side["ceiling"]
     result["sentence_transformers"] = {
         "torch_threads": side["ceiling"][0]["torch_threads"],
@@ -464,6 +641,7 @@ def main() -> int:
         "mean_tokens_per_input": side["ceiling"][0]["mean_tokens_per_input"],
     }
     result["matmul_gflops_after"] = matmul_gflops(usable_cpus())
+    result["load_average_at_end"] = os.getloadavg()
     result["verdicts"] = verdicts(result)
     (out / "bench_server.json").write_text(json.dumps(result, indent=2))
     write_doc(Path(args.doc), render(result))
