@@ -343,8 +343,10 @@ class Router:
                             )
                         finally:
                             self.metrics.in_flight.labels(service=label).dec()
-                except aiohttp.ClientConnectorError as error:
-                    # Never reached the pod (refused, unreachable): another pod may take it.
+                except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
+                    # Never reached the pod (refused, unreachable, or no connection within
+                    # --connect-timeout: a pod whose packets a NetworkPolicy drops, a node that
+                    # went away): another pod may take it.
                     tried.add(endpoint.key)
                     self.metrics.retries.labels(service=label).inc()
                     log.info(

@@ -263,6 +263,33 @@ async def test_a_refused_connection_goes_to_another_pod_and_load_goes_to_the_lea
     assert r.router.balancer.in_flight == {}
 
 
+async def test_a_connection_that_never_opens_goes_to_another_pod(rig, pods):
+    """A pod that takes no connection within --connect-timeout never saw the request (a
+    NetworkPolicy that drops packets, a node gone): the request goes to another pod. Made for
+    real on loopback: a listening socket that never accepts, its one-place accept queue full,
+    so the kernel drops further SYNs and connecting times out."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(0)
+    filler = socket.create_connection(silent.getsockname())  # fills the accept queue
+    try:
+        r = await rig(connect_timeout=0.5)
+        names(r.view, [es("docs", replicas=2)], [])
+        r.view.on_listing(SLICES, NS, per_port("docs", [silent.getsockname()[1], pods[0]]))
+        async with aiohttp.ClientSession() as session:
+            for i in range(4):
+                started = time.monotonic()
+                body = {"model": "docs", "input": f"text {i}"}
+                async with session.post(r.url + "/v1/embeddings", json=body) as response:
+                    assert response.status == 200, await response.text()
+                assert time.monotonic() - started < 5
+        retries = r.counter("warmgate_router_connect_retries_total", service=f"{NS}/docs")
+        assert retries >= 1
+    finally:
+        filler.close()
+        silent.close()
+
+
 async def test_a_request_for_a_service_without_a_warm_pod_is_held_until_one_is_ready(rig, pods):
     r = await rig(hold_seconds=30)
     names(r.view, [es("docs")], [])
