@@ -21,7 +21,14 @@ from pathlib import Path
 
 import yaml
 
-from warmgate_contract.names import API_VERSION, COLD_HEADER, PLURAL, POD_HEADER, REVISION_HEADER
+from warmgate_contract.names import (
+    API_VERSION,
+    COLD_HEADER,
+    INSTANCE_LABEL,
+    PLURAL,
+    POD_HEADER,
+    REVISION_HEADER,
+)
 from warmgate_devcluster import images, kubeapi, testkit
 from warmgate_devcluster.cluster import DevCluster
 from warmgate_devcluster.config import ClusterConfig
@@ -58,9 +65,6 @@ def chart_values(hub_endpoint: str | None) -> list[str]:
     if hub_endpoint:
         values.append(f"--set=hubEndpoint={hub_endpoint}")
     return values
-
-
-INSTANCE = "app.kubernetes.io/instance"
 
 
 class Quickstart:
@@ -110,11 +114,12 @@ class Quickstart:
         """What a user looks at when the chart does not become ready: the pods, their events
         and the last lines of each container's log."""
         ns = ("-n", OPERATOR_NAMESPACE)
+        release = f"{INSTANCE_LABEL}={RELEASE}"
         for args in (
             ("get", "deployments,pods,endpointslices", "-o", "wide"),
             ("get", "events", "--sort-by=.lastTimestamp"),
             ("describe", "pods"),
-            ("logs", "--all-containers", "--prefix", "--tail=40", "-l", f"{INSTANCE}={RELEASE}"),
+            ("logs", "--all-containers", "--prefix", "--tail=40", "-l", release),
         ):
             shown = self.kubectl(*ns, *args, check=False)
             print(f"$ kubectl -n {OPERATOR_NAMESPACE} {' '.join(args)}")

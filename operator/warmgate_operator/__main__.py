@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -46,6 +47,12 @@ def _lost() -> None:
     log.error("leader election lost: exiting so that no two replicas write")
     logging.shutdown()
     os._exit(1)
+
+
+def _fenced(elector: LeaderElector) -> None:
+    """A write found the Lease not renewed in time: say so, then stop as on any loss."""
+    elector.report_fenced()
+    _lost()
 
 
 def _elect(config: OperatorConfig, identity: str, metrics: Metrics) -> LeaderElector | None:
@@ -92,13 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics.leader.set(1)
     client = KubeClient.from_environment(max_threads=config.workers)
     if elector is not None:
-        fenced = elector
-
-        def on_fence() -> None:
-            fenced.report_fenced()
-            _lost()
-
-        client.write_fence, client.on_fence = elector.may_write, on_fence
+        client.write_fence = elector.may_write
+        client.on_fence = functools.partial(_fenced, elector)
     registry = kopf.OperatorRegistry()
     register(registry)
     try:

@@ -91,13 +91,9 @@ async def serve(config: RouterConfig, drain_seconds: float = 5.0) -> None:
     log.info("stopping: not ready, serving for %.0fs more", drain_seconds)
     router.draining = True
     await asyncio.sleep(drain_seconds)
-    # Held requests end now, while the watches still run: each gets its 503 with Retry-After
-    # within the hold loop's 0.25 s poll.
+    # Held requests end now (the hold loop sees it within its 0.25 s poll) with a 503 and
+    # Retry-After; runner.cleanup() below waits for their answers to be written.
     router.stopping = True
-    for _ in range(20):
-        if not router.held:
-            break
-        await asyncio.sleep(0.05)
     for task in tasks:
         task.cancel()
     for task in tasks:

@@ -47,8 +47,12 @@ class RouterConfig:
             raise ConfigError(f"--log-format {self.log_format!r}: use json or text")
 
 
-def _env(name: str) -> str | None:
-    return os.environ.get("WARMGATE_ROUTER_" + name.upper().replace("-", "_"))
+def _env_name(flag: str) -> str:
+    return "WARMGATE_ROUTER_" + flag.upper().replace("-", "_")
+
+
+def _env(flag: str) -> str | None:
+    return os.environ.get(_env_name(flag))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> RouterConfig:
@@ -66,7 +70,6 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterConfig:
             try:
                 default = kind(env)
             except ValueError:
-                name = "WARMGATE_ROUTER_" + flag.upper().replace("-", "_")
                 hint = (
                     ": Kubernetes sets it when a Service named warmgate-router is in the pod's "
                     "namespace and the pod spec leaves enableServiceLinks on (the chart turns "
@@ -74,7 +77,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterConfig:
                     if env.startswith(("tcp://", "udp://", "sctp://"))
                     else ""
                 )
-                parser.error(f"{name}={env!r} is not a valid --{flag}{hint}")
+                parser.error(f"{_env_name(flag)}={env!r} is not a valid --{flag}{hint}")
         parser.add_argument(f"--{flag}", type=kind, default=default, help=help_)
 
     add("host", str, defaults.host, "address to listen on")
