@@ -21,7 +21,6 @@ import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -40,13 +39,16 @@ from .balancer import Balancer
 from .config import RouterConfig
 from .kube import ApiError, Kube
 from .metrics import CONTENT_TYPE, Metrics
+from .upstream import Failed, NotSent, Upstream
 from .view import SERVICES, Key, View, replicas, scale_to_zero
 
 log = logging.getLogger("warmgate.router")
 
 HELD_HEADER = "X-Warmgate-Held-Ms"
 # Headers of a pod's answer the client gets (the rest are hop-by-hop or the router's own).
-PASSED_HEADERS = ("Content-Type", "Content-Encoding", "Server-Timing", "Retry-After")
+PASSED_HEADERS = ("content-type", "content-encoding", "server-timing", "retry-after")
+# Headers of the client's request the pod gets (the body is the client's, unchanged in kind).
+FORWARDED_HEADERS = ("Accept", "Accept-Encoding")
 TEI_ROUTES = ("embed", "embed_all", "tokenize", "decode", "similarity", "embeddings", "invocations")
 RETRY_AFTER_SECONDS = 5
 
@@ -103,7 +105,7 @@ class Router:
         self.metrics = metrics
         self.balancer = Balancer()
         self.held = 0
-        self._session: aiohttp.ClientSession | None = None
+        self.upstream = Upstream(keepalive_seconds=30.0)
         self._activity: dict[Key, float] = {}
         self._woken: dict[Key, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -116,21 +118,10 @@ class Router:
         503 with Retry-After (another replica holds them again), never left to the process's
         end."""
 
-    # -- the pods' connections ------------------------------------------------------------
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=None)
-            self._session = aiohttp.ClientSession(
-                connector=connector, auto_decompress=False, trust_env=False
-            )
-        return self._session
-
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self.upstream.close()
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -316,8 +307,9 @@ class Router:
         held = 0.0
         tried: set[str] = set()
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
-        if "Accept" in request.headers:
-            headers["Accept"] = request.headers["Accept"]
+        for header in FORWARDED_HEADERS:
+            if header in request.headers:
+                headers[header] = request.headers[header]
         code = 500
         try:
             while True:
@@ -343,7 +335,7 @@ class Router:
                             )
                         finally:
                             self.metrics.in_flight.labels(service=label).dec()
-                except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
+                except NotSent as error:
                     # Never reached the pod (refused, unreachable, or no connection within
                     # --connect-timeout: a pod whose packets a NetworkPolicy drops, a node that
                     # went away): another pod may take it.
@@ -356,12 +348,11 @@ class Router:
                         error,
                     )
                     continue
-                except (aiohttp.ClientError, TimeoutError) as error:
+                except Failed as error:
                     raise Refused(
                         502,
                         f"pod {endpoint.pod} of EmbeddingService {label} failed while answering "
-                        f"({type(error).__name__}); the request may have run, so it is not "
-                        "sent again",
+                        f"({error}); the request may have run, so it is not sent again",
                         "upstream_failed",
                     ) from None
                 response.headers[SERVICE_HEADER] = label
@@ -377,20 +368,24 @@ class Router:
             self.metrics.latency.labels(service=label).observe(time.monotonic() - arrived)
 
     async def _send(
-        self, method: str, endpoint: Any, path: str, body: bytes | None, headers: Mapping[str, str]
+        self, method: str, endpoint: Any, path: str, body: bytes | None, headers: dict[str, str]
     ) -> web.Response:
-        timeout = aiohttp.ClientTimeout(
-            total=self.config.request_timeout, sock_connect=self.config.connect_timeout
+        answer = await self.upstream.request(
+            method,
+            endpoint.address,
+            endpoint.port,
+            path,
+            body,
+            headers,
+            connect_timeout=self.config.connect_timeout,
+            answer_timeout=self.config.request_timeout,
         )
-        async with self.session().request(
-            method, endpoint.url + path, data=body, headers=headers, timeout=timeout
-        ) as upstream:
-            payload = await upstream.read()
-            response = web.Response(status=upstream.status, body=payload)
-            for header, value in upstream.headers.items():
-                if header in PASSED_HEADERS or header.lower().startswith("x-warmgate-"):
-                    response.headers[header] = value
-            return response
+        response = web.Response(status=answer.status, body=answer.body)
+        for header, value in answer.headers:
+            lower = header.lower()
+            if lower in PASSED_HEADERS or lower.startswith("x-warmgate-"):
+                response.headers[header] = value
+        return response
 
     # -- routes ---------------------------------------------------------------------------
     async def openai_embeddings(self, request: web.Request) -> web.Response:
