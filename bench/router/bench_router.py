@@ -60,6 +60,16 @@ CPU_PATTERN = re.compile(r"^process_cpu_seconds_total (\S+)$", re.MULTILINE)
 REQUESTS_PATTERN = re.compile(r"^warmgate_router_requests_total\{[^}]*\} (\S+)$", re.MULTILINE)
 
 
+async def timed_post(session: aiohttp.ClientSession, url: str, body: dict) -> float | None:
+    """Seconds to a whole 200 answer; None for any other status."""
+    started = time.perf_counter()
+    async with session.post(url, json=body) as response:
+        await response.read()
+        if response.status != 200:
+            return None
+    return time.perf_counter() - started
+
+
 async def closed_loop(url: str, model: str | None, concurrency: int, seconds: float) -> dict:
     latencies: list[float] = []
     errors = 0
@@ -71,13 +81,11 @@ async def closed_loop(url: str, model: str | None, concurrency: int, seconds: fl
         async def worker() -> None:
             nonlocal errors
             while time.monotonic() < end:
-                started = time.perf_counter()
-                async with session.post(url, json=body) as response:
-                    await response.read()
-                    if response.status != 200:
-                        errors += 1
-                        continue
-                latencies.append(time.perf_counter() - started)
+                taken = await timed_post(session, url, body)
+                if taken is None:
+                    errors += 1
+                else:
+                    latencies.append(taken)
 
         began = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -89,6 +97,33 @@ async def closed_loop(url: str, model: str | None, concurrency: int, seconds: fl
         "per_second": round(len(latencies) / elapsed, 1),
         "p50_ms": round(statistics.median(latencies) * 1000, 2) if latencies else None,
         "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 2) if latencies else None,
+    }
+
+
+async def paired_loop(direct: str, router: str, model: str, seconds: float) -> dict:
+    """One client at a time, alternating one request direct and one through the router on the
+    same pooled session: both sides see the same moment of a noisy shared machine, so the
+    median of the pairs' differences is what the router adds."""
+    sides: dict[str, list[float]] = {"direct": [], "router": []}
+    added: list[float] = []
+    errors = 0
+    async with aiohttp.ClientSession() as session:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            first = await timed_post(session, direct, {"input": TEXT})
+            second = await timed_post(session, router, {"input": TEXT, "model": model})
+            if first is None or second is None:
+                errors += 1
+                continue
+            sides["direct"].append(first)
+            sides["router"].append(second)
+            added.append(second - first)
+    return {
+        "pairs": len(added),
+        "errors": errors,
+        "direct_p50_ms": round(statistics.median(sides["direct"]) * 1000, 2),
+        "router_p50_ms": round(statistics.median(sides["router"]) * 1000, 2),
+        "added_median_ms": round(statistics.median(added) * 1000, 2),
     }
 
 
@@ -155,6 +190,8 @@ def markdown(result: dict) -> str:
         "| load | direct (Service) | router | router / direct |",
         "|---|---|---|---|",
     ]
+    if result.get("chart_sets"):
+        lines.insert(0, f"Router chart values: `{' '.join(result['chart_sets'])}`\n")
     for point in ("c1", "c32"):
         d, r = result["direct"][point], result["router"][point]
         lines.append(
@@ -163,6 +200,13 @@ def markdown(result: dict) -> str:
             f"{r['p50_ms']} ms, p99 {r['p99_ms']} ms | {r['per_second'] / d['per_second']:.2f}x "
             f"req/s, +{r['p50_ms'] - d['p50_ms']:.2f} ms p50 |"
         )
+    for run in result.get("paired_c1", []):
+        lines.append(
+            f"| one sentence, concurrency 1, direct and router requests alternating "
+            f"({run['pairs']} pairs) | p50 {run['direct_p50_ms']} ms | p50 "
+            f"{run['router_p50_ms']} ms | +{run['added_median_ms']:.2f} ms (median of the "
+            "pairs' differences) |"
+        )
     return "\n".join(lines)
 
 
@@ -170,6 +214,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="per round and point")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a chart value for the router (helm --set), e.g. router.resources.requests.cpu=250m",
+    )
+    parser.add_argument("--skip-scale-from-zero", action="store_true")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-router-"))
@@ -186,7 +238,8 @@ def main() -> int:
         kube = Kube(handle, "bench")
         operator = NamespacedOperator(handle, "bench", work / "operator.log")
         operator.start()
-        router_service = render_router(kube, "--set", "router.service.type=NodePort")
+        sets = [a for value in args.set for a in ("--set", value)]
+        router_service = render_router(kube, "--set", "router.service.type=NodePort", *sets)
         router_url = f"http://{handle.node_ip}:{node_port(kube, router_service)}"
         kube.apply(embedding_service("direct", "v1", replicas=1))
         wait_ready(kube, "direct", "v1", replicas=1, timeout=600)
@@ -211,11 +264,22 @@ def main() -> int:
             side: {p: max(runs, key=lambda r: r["per_second"]) for p, runs in points.items()}
             for side, points in rounds.items()
         }
+        paired = [
+            asyncio.run(
+                paired_loop(direct_url, router_url + "/v1/embeddings", "direct", args.seconds)
+            )
+            for _ in range(args.rounds)
+        ]
+        print("paired", json.dumps(paired), flush=True)
         result = {
+            "chart_sets": args.set,
             **best,
+            "paired_c1": paired,
             "rounds": rounds,
             "router_cpu_ms_per_1000_requests": round(cpu_seconds / routed * 1e6, 1),
-            "scale_from_zero": scale_from_zero(kube, router_url),
+            "scale_from_zero": None
+            if args.skip_scale_from_zero
+            else scale_from_zero(kube, router_url),
         }
     finally:
         if operator is not None:
