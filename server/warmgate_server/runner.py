@@ -137,7 +137,7 @@ class ModelRunner:
         self.max_input_length = max_input_length
         self.packed = loaded.packed if packed else None
         """The padding-free forward pass in use, or None (the model's own, padded)."""
-        if self.packed is None and loaded.model is None:
+        if self.packed is None and loaded.model is None and loaded.ort is None:
             raise ValueError("the padded forward pass needs a model loaded with --packing off")
         self._executed: set[tuple[int, Shape, bool]] = set()
         """(worker, shape, by its graph) pairs already run: a shape's eager pass and its graph
@@ -334,8 +334,8 @@ class ModelRunner:
         if by_graph:
             assert graphs is not None
             vectors = graphs.run(batch, shape, worker)
-        elif threads is None:
-            vectors = self._forward(batch, shape, pool)
+        elif threads is None or self.loaded.ort is not None:
+            vectors = self._forward(batch, shape, pool, threads)
         else:
             import torch
 
@@ -353,14 +353,30 @@ class ModelRunner:
             cpu_seconds=time.thread_time() - cpu_started,
         )
 
+    def export_onnx(self, solo_threads: int) -> float:
+        """--backend onnxruntime: export the model and open its ONNX Runtime sessions (in a
+        model thread, as the warmup's first step, so it counts in warmup_seconds); from then on
+        the padded passes run there and the torch model is let go. Returns the seconds taken."""
+        import torch
+
+        from .ort import export
+
+        loaded = self.loaded
+        threads = torch.get_num_threads()  # a model worker's (load_model set it)
+        loaded.ort = export(loaded.model, loaded.uses_token_type_ids, threads, solo_threads)
+        loaded.model = None
+        return loaded.ort.export_seconds
+
     def capture(self, shape: Shape, worker: int) -> None:
         """Capture `shape`'s CUDA graph for `worker` (its model thread, during warmup)."""
         assert self.graphs is not None
         self.graphs.capture(shape, worker)
 
     def _forward(
-        self, batch: Sequence[Sequence[int]], shape: Shape, pool: bool
+        self, batch: Sequence[Sequence[int]], shape: Shape, pool: bool, threads: int | None = None
     ) -> Sequence[np.ndarray]:
+        """`threads`: ONNX Runtime's session for that many threads (None: the worker's); torch
+        passes run on the calling thread's torch threads (execute sets them)."""
         import torch
 
         loaded = self.loaded
@@ -375,6 +391,13 @@ class ModelRunner:
         ids, mask, pool_mask = (np.empty(shape, dtype=np.int64) for _ in range(3))
         fill_padded(batch, ids, mask, pool_mask, loaded.pad_token_id, loaded.cls_token_id)
         device = loaded.device
+        if loaded.ort is not None:
+            hidden = torch.from_numpy(loaded.ort.run(ids, mask, threads)[:count])
+            with torch.inference_mode():
+                if not pool:
+                    states = [hidden[row, : len(tokens)] for row, tokens in enumerate(batch)]
+                    return _per_input(torch.cat(states).numpy(), batch)
+                return self.head.padded(hidden, torch.from_numpy(pool_mask[:count])).numpy()
         inputs = {
             "input_ids": torch.from_numpy(ids).to(device),
             "attention_mask": torch.from_numpy(mask).to(device),

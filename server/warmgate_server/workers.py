@@ -37,6 +37,7 @@ class Workers:
         self.runner = runner
         self._threads = tuple(threads)
         self._solo_threads = solo_threads
+        self._backend = config.backend
         self.graphs_mode, self.graphs_reason = self._plan_graphs(config, loaded)
         """Whether the planned shapes run as CUDA graphs ("on"/"off") and why not when off."""
 
@@ -94,6 +95,17 @@ class Workers:
         self.runner.graphs = None
         self.graphs_mode, self.graphs_reason = "off", reason
 
+    @property
+    def exports_onnx(self) -> bool:
+        """--backend onnxruntime and the model not exported yet."""
+        return self._backend == "onnxruntime" and self.runner.loaded.ort is None
+
+    async def export_onnx(self) -> None:
+        """--backend onnxruntime (the warmup's first step): the model exported and opened in
+        ONNX Runtime, a session for the workers' threads and one for solo batches'."""
+        if self.exports_onnx:
+            await self.run(self.runner.export_onnx, self._solo_threads)
+
     def forward_report(self) -> dict[str, object]:
         """How forward passes run: warmgate's own pass (packed) or the model's (padded), the
         attention it uses, and the CUDA graphs (on or off, why off, and what they hold)."""
@@ -107,8 +119,18 @@ class Workers:
         graphs: dict[str, object] = {"mode": self.graphs_mode, "reason": self.graphs_reason}
         if self.runner.graphs is not None:
             graphs.update(self.runner.graphs.stats.as_json())
-        return {
+        ort = self.runner.loaded.ort
+        if ort is not None:
+            attention = "ONNX Runtime's"
+        report: dict[str, object] = {
             "pass": "packed" if packed is not None else "padded",
+            "backend": self._backend,
             "attention": attention,
             "cuda_graphs": graphs,
         }
+        if ort is not None:
+            report["onnxruntime"] = {
+                "export_seconds": round(ort.export_seconds, 2),
+                "session_threads": list(ort.thread_counts),
+            }
+        return report

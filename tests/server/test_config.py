@@ -61,6 +61,10 @@ def test_env_names_are_upper_snake_case() -> None:
         (["--pooling", "median"], "mean, cls"),
         (["--max-batch-size", "many"], "is not valid"),
         (["--packing", "always"], "use one of auto, on, off"),
+        (["--backend", "tvm"], "use one of torch, onnxruntime"),
+        (["--backend", "onnxruntime", "--device", "cuda"], "runs on the CPU: use --device cpu"),
+        (["--backend", "onnxruntime", "--dtype", "bfloat16"], "use --dtype float32"),
+        (["--backend", "onnxruntime", "--packing", "on"], "use --packing auto or off"),
         (["--model-workers", "0"], "--model-workers must be at least 1"),
     ],
 )

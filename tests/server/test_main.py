@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -12,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 import pytest
 
 from warmgate_server.testing import SERVER_ROOT, ServerProcess
@@ -173,3 +175,39 @@ def test_model_id_resolves_from_the_offline_hugging_face_cache(
     assert result.returncode == 0, result.stderr
     folder, commit = result.stdout.split()
     assert Path(folder) == snapshot and commit == "0123456789abcdef"
+
+
+def test_onnxruntime_backend_exports_during_warmup_and_serves_warm(minilm_dir: Path) -> None:
+    """--backend onnxruntime: the export and ONNX Runtime's sessions are the warmup's first
+    step (counted in warmup_seconds, before /ready), every planned shape runs through them
+    before /ready, so each first request of a planned shape is warm, and the vectors are the
+    torch pass's."""
+    plan = ["--sequence-buckets", "16,64", "--warmup-batch-sizes", "1,4", "--max-batch-size", "4"]
+    texts = ["hello world", "샘플 문장입니다", "a longer sentence " * 8]
+    answers = {}
+    for backend in ("onnxruntime", "torch"):
+        args = ["--model", str(minilm_dir), *plan, "--backend", backend]
+        with ServerProcess(args) as server:
+            report = server.wait_ready(300)
+            forward = report["forward"]
+            assert forward["backend"] == backend
+            if backend == "onnxruntime":
+                assert forward["pass"] == "padded"
+                export_seconds = forward["onnxruntime"]["export_seconds"]
+                assert 0 < export_seconds < report["warmup_seconds"], report
+                assert "exported BertModel to ONNX" in server.log()
+            cold = []
+            for batch in ([texts[0]], texts, [texts[2]] * 4):
+                request = urllib.request.Request(
+                    server.url + "/v1/embeddings",
+                    data=json.dumps({"input": batch}).encode(),
+                    headers={"Content-Type": "application/json"},
+                )
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    cold.append(response.headers["X-Warmgate-Cold"])
+                    answers.setdefault(backend, []).append(json.load(response)["data"])
+            assert cold == ["0", "0", "0"], (backend, cold)
+    for got, want in zip(answers["onnxruntime"], answers["torch"], strict=True):
+        for a, b in zip(got, want, strict=True):
+            u, v = np.array(a["embedding"]), np.array(b["embedding"])
+            assert u @ v / (np.linalg.norm(u) * np.linalg.norm(v)) >= 0.9999

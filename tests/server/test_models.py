@@ -95,12 +95,20 @@ def build_telling_texts_apart(name: str, layout: str, root: Path) -> tuple[Path,
     raise AssertionError(f"{name}: every seed gives two texts one vector: {closest}")
 
 
+ONNX_REFUSED = {"gemma3-dense": "Gemma3TextModel does not export to ONNX"}
+"""Families torch's ONNX exporter cannot export: --backend onnxruntime refuses them."""
+
+
 def _cases() -> list:
+    """(family, layout, mode): mode is --packing auto or off, or "onnxruntime" (--backend
+    onnxruntime, on the current layout only: the backend runs what the loader read)."""
     cases = []
     for name, family in zoo.FAMILIES.items():
         for layout in zoo.LAYOUTS:
             for packing in ("auto", "off") if family.packed else ("auto",):
                 cases.append(pytest.param(name, layout, packing, id=f"{name}-{layout}-{packing}"))
+        if name not in ONNX_REFUSED:
+            cases.append(pytest.param(name, "current", "onnxruntime", id=f"{name}-onnxruntime"))
     return cases
 
 
@@ -115,7 +123,8 @@ async def test_each_family_serves_sentence_transformers_vectors(
     worst_wrong = cosine(wrong_pooling(folder, family), expected).min()
     assert worst_wrong < 0.999, f"{name}: another pooling gives the same vectors"
 
-    client, ready = await serve(aiohttp_client, folder, "--packing", packing)
+    flags = ("--backend", packing) if packing == "onnxruntime" else ("--packing", packing)
+    client, ready = await serve(aiohttp_client, folder, *flags)
     assert ready["phase"] == "ready", ready.get("error")
     settings = ready["model_settings"]
     modes = (family.pooling,) if isinstance(family.pooling, str) else family.pooling
@@ -125,6 +134,10 @@ async def test_each_family_serves_sentence_transformers_vectors(
     assert len(settings["modules"]) == len(family.dense)
     forward = ready["forward"]["pass"]
     assert forward == ("packed" if family.packed and packing == "auto" else "padded")
+    backend = ready["forward"]["backend"]
+    assert backend == ("onnxruntime" if packing == "onnxruntime" else "torch")
+    if backend == "onnxruntime":
+        forward = "onnxruntime"
 
     served = await embed(client, zoo.TEXTS)
     assert served.shape == expected.shape
@@ -140,6 +153,31 @@ async def test_each_family_serves_sentence_transformers_vectors(
         got = await embed(client, zoo.TEXTS[:4], prompt_name)
         want = reference(folder, zoo.TEXTS[:4], prompt_name)
         assert cosine(got, want).min() >= MIN_COSINE, prompt_name
+
+
+async def test_onnxruntime_refuses_a_model_it_cannot_export(aiohttp_client, zoo_root: Path) -> None:
+    """--backend onnxruntime exports the model during warmup; a model torch's exporter cannot
+    export fails the warmup with the exporter's reason and the way out (--backend torch), so
+    the pod never turns Ready."""
+    folder = zoo.build("gemma3-dense", "current", zoo_root)
+    _client, ready = await serve(aiohttp_client, folder, "--backend", "onnxruntime")
+    assert ready["phase"] == "failed"
+    assert ONNX_REFUSED["gemma3-dense"] in ready["error"], ready["error"]
+    assert "use --backend torch" in ready["error"], ready["error"]
+    assert ready["warmed_shapes"] == []
+
+
+async def test_onnxruntime_serves_through_onnx_runtime_with_the_warmup_off(
+    aiohttp_client, zoo_root: Path
+) -> None:
+    """With --no-warmup there is no warmup to export in: the export still happens before
+    /ready, so the backend that serves is the one /ready names."""
+    folder, expected = build_telling_texts_apart("xlm-roberta-mean", "current", zoo_root)
+    flags = ("--backend", "onnxruntime", "--no-warmup")
+    client, ready = await serve(aiohttp_client, folder, *flags)
+    assert ready["phase"] == "ready", ready.get("error")
+    assert ready["forward"]["onnxruntime"]["session_threads"], ready["forward"]
+    assert cosine(await embed(client, zoo.TEXTS), expected).min() >= MIN_COSINE
 
 
 @pytest.mark.parametrize("builtin_type", [None, "bert"])

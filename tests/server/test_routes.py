@@ -35,9 +35,10 @@ async def test_probes_and_reports_while_warming_then_ready(start_server) -> None
     assert {(s["batch_size"], s["seq_len"]) for s in memory["shapes"]} == {
         (s["batch_size"], s["seq_len"]) for s in report["planned_shapes"]
     }
-    # On a CPU: warmgate's packed pass, attention over padded keys, and no CUDA graphs.
+    # On a CPU: warmgate's packed pass in torch, attention over padded keys, no CUDA graphs.
     assert report["forward"] == {
         "pass": "packed",
+        "backend": "torch",
         "attention": "padded keys",
         "cuda_graphs": {"mode": "off", "reason": "the device is cpu"},
     }

@@ -1,0 +1,177 @@
+"""--backend onnxruntime: the model exported to ONNX at start and run by ONNX Runtime.
+
+The loaded transformers model (loaded strictly, as for the padded torch pass) is exported once
+with torch's TorchScript-based exporter (batch and sequence axes dynamic), into a temporary
+folder that is deleted as soon as the sessions hold it; the torch model is then let go, so the
+weights are in memory once. A session per CPU thread count the workers use (each model
+worker's, and the solo batches' when there are any): ONNX Runtime fixes a session's thread
+pool when it is made. Each planned shape runs through each session during warmup, so ONNX
+Runtime's per-shape work (shape inference, its memory plan, arena growth) is paid before /ready.
+
+ONNX Runtime (graph optimisations at level "all") fuses each layer norm into one kernel and
+GELU with its bias, and plans memory per shape, but computes every padded position; attention
+stays as the exporter wrote it (matmuls and a softmax). The export is as fast under ONNX Runtime
+as optimum's (bench/server/onnx_export.py), which Infinity's `--engine optimum` serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+OPSET = 17
+"""LayerNormalization is an ONNX operator from opset 17 on (one kernel, not five)."""
+
+EXPORT_PEAK_PER_WEIGHT_BYTE = 4.5
+"""Resident memory the export takes at its peak, above what the process held before it, per
+byte of the model's weights: torch's tracer, the ONNX graph and its serialised copy. Measured
+4.3x for MiniLM (87 MB of weights, 371 MB more at the peak) and 4.0x for an XLM-R of
+multilingual-e5-base's shape (1061 MB, 4.3 GB more); the rest is margin."""
+
+
+def weights_bytes(model: Any) -> int:
+    """The bytes of a torch model's parameters and buffers."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+
+class OrtModel:
+    """The exported model: `run` gives the last hidden states of a padded batch."""
+
+    def __init__(
+        self,
+        sessions: dict[int, Any],
+        inputs: tuple[str, ...],
+        export_seconds: float,
+        worker_threads: int,
+    ) -> None:
+        self._sessions = sessions
+        self.worker_threads = worker_threads
+        """The threads of a model worker's passes (a solo batch names its own)."""
+        self.inputs = inputs
+        """The graph's input names: input_ids, attention_mask and token_type_ids if it has one."""
+        self.export_seconds = export_seconds
+
+    @property
+    def thread_counts(self) -> tuple[int, ...]:
+        return tuple(sorted(self._sessions))
+
+    def run(self, ids: np.ndarray, mask: np.ndarray, threads: int | None = None) -> np.ndarray:
+        """(rows, seq_len, hidden) float32 last hidden states, on the session of `threads`
+        (None: a model worker's). Sessions are safe to run from several threads at once."""
+        threads = threads or self.worker_threads
+        feed = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self.inputs:
+            feed["token_type_ids"] = np.zeros_like(ids)
+        session = self._sessions.get(threads)
+        if session is None:
+            raise RuntimeError(
+                f"no ONNX Runtime session for {threads} threads "
+                f"(sessions: {', '.join(map(str, self.thread_counts))})"
+            )
+        return session.run(None, feed)[0]
+
+
+def export(
+    model: Any, uses_token_type_ids: bool, worker_threads: int, solo_threads: int = 0
+) -> OrtModel:
+    """Export `model` (a transformers encoder, float32, on the CPU) and open a session for
+    the workers' thread count and one for solo batches' (0: none run solo). Raises
+    ModelLoadError with the exporter's or ONNX Runtime's reason."""
+    try:
+        import onnxruntime
+    except ImportError as error:
+        raise ModelLoadError(
+            f"--backend onnxruntime: onnxruntime is not installed in this image ({error}); "
+            "use --backend torch"
+        ) from None
+    import torch
+
+    started = time.perf_counter()
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if uses_token_type_ids else [])
+    # Token type ids are zeros when served (one segment); a model with one type has no id 1.
+    example = tuple(
+        (torch.zeros if name == "token_type_ids" else torch.ones)((2, 8), dtype=torch.int64)
+        for name in names
+    )
+    axes = {name: {0: "batch", 1: "sequence"} for name in names}
+    axes["last_hidden_state"] = {0: "batch", 1: "sequence"}
+    folder = Path(tempfile.mkdtemp(prefix="warmgate-onnx-"))
+    try:
+        path = folder / "model.onnx"
+        wrapped = _LastHiddenState(model, names)
+        try:
+            with torch.inference_mode(False), torch.no_grad():
+                torch.onnx.export(
+                    wrapped,
+                    example,
+                    str(path),
+                    input_names=names,
+                    output_names=["last_hidden_state"],
+                    dynamic_axes=axes,
+                    opset_version=OPSET,
+                    dynamo=False,
+                )
+        except Exception as error:  # the exporter's own reason, whatever its type
+            raise ModelLoadError(
+                f"--backend onnxruntime: {type(model).__name__} does not export to ONNX: "
+                f"{type(error).__name__}: {error}; use --backend torch"
+            ) from None
+        exported = time.perf_counter() - started
+        sessions = {}
+        for threads in sorted({worker_threads, solo_threads} - {0}):
+            options = onnxruntime.SessionOptions()
+            options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            # Threads that spin between passes take CPU from the tokenizer and the HTTP loop,
+            # which share the pod's CPUs.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            try:
+                sessions[threads] = onnxruntime.InferenceSession(
+                    str(path), options, providers=["CPUExecutionProvider"]
+                )
+            except Exception as error:
+                raise ModelLoadError(
+                    f"--backend onnxruntime: ONNX Runtime cannot open the exported model: "
+                    f"{error}; use --backend torch"
+                ) from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    log.info(
+        "exported %s to ONNX in %.1fs; ONNX Runtime %s sessions for %s threads in %.1fs",
+        type(model).__name__,
+        exported,
+        onnxruntime.__version__,
+        ", ".join(map(str, sorted(sessions))),
+        time.perf_counter() - started - exported,
+    )
+    return OrtModel(sessions, tuple(names), time.perf_counter() - started, worker_threads)
+
+
+class _LastHiddenState:
+    """A module whose forward takes the inputs positionally and returns the last hidden state
+    alone (the exporter's inputs are positional; the model's outputs are a ModelOutput)."""
+
+    def __new__(cls, model: Any, names: list[str]) -> Any:
+        import torch
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+                return self.model(**dict(zip(names, inputs, strict=True)))[0]
+
+        return Wrapped().eval()
