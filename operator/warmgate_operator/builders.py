@@ -230,6 +230,8 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
             # auto is the server's default: left out, so existing pod templates do not change.
             "packing": None if spec.runtime.packing == "auto" else spec.runtime.packing,
             "cuda_graphs": None if spec.runtime.cuda_graphs == "auto" else spec.runtime.cuda_graphs,
+            # torch is the server's default: left out, so existing pod templates do not change.
+            "backend": None if spec.runtime.backend == "torch" else spec.runtime.backend,
             "tokenization_workers": spec.runtime.tokenization_workers,
             "max_batch_size": batching.max_batch_size,
             "max_client_batch_size": batching.max_client_batch_size,

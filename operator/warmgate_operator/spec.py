@@ -23,6 +23,11 @@ DTYPES = tuple(value for value in flags.DTYPES if value != "auto")
 POOLINGS = flags.POOLINGS
 TOKEN_ID_KINDS = flags.TOKEN_ID_KINDS
 PACKINGS = flags.PACKINGS
+BACKENDS = flags.BACKENDS
+ONNXRUNTIME_NEEDS = (
+    "spec.runtime.backend onnxruntime runs padded float32 passes on the CPU: "
+    "it needs runtime.device cpu, runtime.dtype float32 and runtime.packing auto or off"
+)
 CUDA_GRAPHS = flags.CUDA_GRAPHS
 MEMORY_POLICIES = flags.MEMORY_POLICIES
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
@@ -113,6 +118,7 @@ class RuntimeSpec:
     packing: str = "auto"
     cuda_graphs: str = "auto"
     tokenization_workers: int | None = None
+    backend: str = "torch"
 
 
 @dataclass(frozen=True)
@@ -429,6 +435,7 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         packing=_get(runtime_raw, "packing", "auto"),
         cuda_graphs=_get(runtime_raw, "cudaGraphs", "auto"),
         tokenization_workers=_int(runtime_raw, "tokenizationWorkers", None, "spec.runtime"),
+        backend=_get(runtime_raw, "backend", "torch"),
     )
 
     b = _section(raw, "batching")
@@ -578,6 +585,7 @@ def _check(spec: EmbeddingServiceSpec) -> None:
         ("spec.runtime.dtype", spec.runtime.dtype, DTYPES),
         ("spec.runtime.packing", spec.runtime.packing, PACKINGS),
         ("spec.runtime.cudaGraphs", spec.runtime.cuda_graphs, CUDA_GRAPHS),
+        ("spec.runtime.backend", spec.runtime.backend, BACKENDS),
         ("spec.warmup.memoryPolicy", spec.warmup.memory_policy, MEMORY_POLICIES),
         ("spec.model.pooling", spec.model.pooling, POOLINGS),
         ("spec.model.openaiTokenIds", spec.model.openai_token_ids, TOKEN_ID_KINDS),
@@ -590,6 +598,11 @@ def _check(spec: EmbeddingServiceSpec) -> None:
         raise SpecError("spec.model.defaultPromptName and spec.model.defaultPrompt: set one")
     if spec.runtime.cuda_graphs == "on" and spec.runtime.device != "cuda":
         raise SpecError("spec.runtime.cudaGraphs on needs spec.runtime.device cuda")
+    runtime = spec.runtime
+    if runtime.backend == "onnxruntime" and (
+        runtime.device != "cpu" or runtime.dtype != "float32" or runtime.packing == "on"
+    ):
+        raise SpecError(ONNXRUNTIME_NEEDS)
     if spec.replicas < 0:
         raise SpecError("spec.replicas must be 0 or more")
     if spec.standby_replicas < 0:

@@ -201,10 +201,13 @@ def test_pooling_and_normalize_are_passed_only_when_the_spec_sets_them() -> None
 
 
 def test_prompts_and_the_forward_pass_settings_reach_the_server() -> None:
-    """Unset (auto), packing and CUDA graphs are left to the server, so upgrading the operator
-    rolls no pod; set, they and the prompt settings become flags the server reads."""
+    """Unset (auto, torch), packing, CUDA graphs and the backend are left to the server, so
+    upgrading the operator rolls no pod; set, they and the prompt settings become flags the
+    server reads."""
     args = container(children().deployment)["args"]
-    assert not [a for a in args if a.startswith(("--packing", "--cuda-graphs", "--default-"))]
+    assert not [
+        a for a in args if a.startswith(("--packing", "--cuda-graphs", "--backend", "--default-"))
+    ]
     args = container(
         children(
             **{
@@ -225,6 +228,8 @@ def test_prompts_and_the_forward_pass_settings_reach_the_server() -> None:
         assert flag in args
     args = container(children(**{"model.defaultPrompt": "query: "}).deployment)["args"]
     assert "--default-prompt=query: " in args
+    args = container(children(**{"runtime.backend": "onnxruntime"}).deployment)["args"]
+    assert "--backend=onnxruntime" in args
 
 
 def test_bind_address_and_pod_name_come_from_the_downward_api() -> None:

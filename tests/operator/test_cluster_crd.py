@@ -131,6 +131,16 @@ CORPUS: list[tuple[str, Callable[[dict], None], list[str]]] = [
         ["spec.runtime.dtype", "needs runtime.device cuda"],
     ),
     (
+        "ONNX Runtime on a GPU",
+        _set("spec.runtime", {"backend": "onnxruntime", "device": "cuda"}),
+        ["spec.runtime.backend", "onnxruntime runs padded float32 passes on the CPU"],
+    ),
+    (
+        "ONNX Runtime with the packed pass required",
+        _set("spec.runtime", {"backend": "onnxruntime", "packing": "on"}),
+        ["spec.runtime.backend", "runtime.packing auto or off"],
+    ),
+    (
         "unknown service type",
         _set("spec.service.type", "ExternalName"),
         ["spec.service.type", "Unsupported value"],

@@ -95,6 +95,15 @@ def test_startup_failure_threshold_examples(startup: int, period: int, expected:
         ({"model": {"id": "m"}, "rollout": {"maxSurge": 0, "maxUnavailable": 0}}, "maxSurge"),
         ({"model": {"id": "m"}, "runtime": {"cudaGraphs": "yes"}}, "spec.runtime.cudaGraphs"),
         ({"model": {"id": "m"}, "runtime": {"cudaGraphs": "on"}}, "cudaGraphs on needs"),
+        ({"model": {"id": "m"}, "runtime": {"backend": "tensorrt"}}, "spec.runtime.backend"),
+        (
+            {"model": {"id": "m"}, "runtime": {"backend": "onnxruntime", "device": "cuda"}},
+            "backend onnxruntime runs padded float32 passes on the CPU",
+        ),
+        (
+            {"model": {"id": "m"}, "runtime": {"backend": "onnxruntime", "packing": "on"}},
+            "runtime.packing auto or off",
+        ),
         (
             {"model": {"id": "m", "defaultPromptName": "q", "defaultPrompt": "q: "}},
             "defaultPromptName and spec.model.defaultPrompt",

@@ -63,6 +63,8 @@ CONSTRAINED = frozenset(
         "runtime.device",
         "runtime.dtype",
         "runtime.cudaGraphs",
+        "runtime.backend",
+        "runtime.packing",
     }
 )
 SOURCE_PREFIXES = ("model.source", "model.volume")
@@ -317,14 +319,23 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
         limit = draw(_integers("model.maxInputLength", high=buckets[-1]))
         _put(spec, "model.maxInputLength", limit)
 
-    # float16, and CUDA graphs that must be captured, on a GPU only.
+    # float16, and CUDA graphs that must be captured, on a GPU only; ONNX Runtime on the CPU
+    # only, in float32, with padded passes.
     device = draw(_leaf("runtime.device"))
     on_gpu = device == "cuda"
     if device != field("runtime.device")["default"] or draw(st.booleans()):
         _put(spec, "runtime.device", device)
-    for path, gpu_only in (("runtime.dtype", "float16"), ("runtime.cudaGraphs", "on")):
+    backend = "torch" if on_gpu else draw(_leaf("runtime.backend"))
+    if backend != field("runtime.backend")["default"] or draw(st.booleans()):
+        _put(spec, "runtime.backend", backend)
+    refused = {
+        "runtime.dtype": {"float16"} if backend == "torch" else {"float16", "bfloat16"},
+        "runtime.cudaGraphs": {"on"},
+        "runtime.packing": {"on"} if backend == "onnxruntime" else set(),
+    }
+    for path in ("runtime.dtype", "runtime.cudaGraphs", "runtime.packing"):
         if draw(st.booleans()):
-            choices = [value for value in field(path)["enum"] if on_gpu or value != gpu_only]
+            choices = [v for v in field(path)["enum"] if on_gpu or v not in refused[path]]
             _put(spec, path, draw(st.sampled_from(choices)))
     return spec
 
