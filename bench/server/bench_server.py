@@ -48,7 +48,8 @@ INFINITY_VENV = Path(os.environ.get("INFINITY_VENV", "~/.cache/warmgate/infinity
 INFINITY_ONNX_VENV = onnx_export.ONNX_VENV
 # The peers, in the order each load point runs on them after warmgate: result key, label.
 PEERS = (("infinity", "Infinity (torch engine)"),
-         ("infinity_onnx", "Infinity (ONNX Runtime engine, `--engine optimum`)"))  # fmt: skip
+         ("infinity_onnx", "Infinity (ONNX Runtime engine, `--engine optimum`)"),
+         ("warmgate_onnxruntime", "warmgate, `--backend onnxruntime`"))  # fmt: skip
 POINT_COLUMNS = ["round", "concurrency", "batch", "req_per_s", "inputs_per_s", "p50_ms",
                  "p90_ms", "p99_ms", "errors", "load_average"]  # fmt: skip
 COLUMNS = ["batch_size", "seq_len", "first_ms", "steady_ms", "ratio", "worst_ratio",
@@ -85,6 +86,8 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--skip-infinity", action="store_true")
     parser.add_argument("--skip-infinity-onnx", action="store_true")
+    parser.add_argument("--skip-warmgate-onnxruntime", action="store_true",
+                        help="leave out warmgate's own ONNX Runtime backend as a peer")  # fmt: skip
     parser.add_argument("--onnx-dir", type=Path, default=None,
                         help="where the ONNX export lives (default: ~/.cache/warmgate/onnx/"
                         "<model folder name>)")  # fmt: skip
@@ -327,8 +330,28 @@ def side_by_side(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
     encoder = SentenceTransformer(model, device="cpu")
     result: dict[str, Any] = {"warmgate": {"points": []}, "ceiling": []}
-    starters = {"infinity": start_infinity, "infinity_onnx": start_infinity_onnx}
-    skipped = {"infinity": args.skip_infinity, "infinity_onnx": args.skip_infinity_onnx}
+
+    def start_warmgate_onnxruntime(args: argparse.Namespace, model: str) -> tuple:
+        started = time.monotonic()
+        peer = ServerProcess([*server_args, "--backend", "onnxruntime"])
+        peer.start()
+        try:
+            ready = peer.wait_ready(timeout=900)
+        except (RuntimeError, TimeoutError) as error:
+            peer.kill()
+            return None, "", {"error": str(error)[-1500:]}
+        return peer.process, peer.url, {
+            "command": " ".join(["warmgate-server", *server_args, "--backend", "onnxruntime"]),
+            "points": [], "ready_seconds": round(time.monotonic() - started, 1),
+            "warmup_seconds": ready["warmup_seconds"], "pid": peer.pid,
+            "export_seconds": ready["forward"]["onnxruntime"]["export_seconds"],
+        }  # fmt: skip
+
+    starters = {"infinity": start_infinity, "infinity_onnx": start_infinity_onnx,
+                "warmgate_onnxruntime": start_warmgate_onnxruntime}  # fmt: skip
+    skipped = {"infinity": args.skip_infinity, "infinity_onnx": args.skip_infinity_onnx,
+               "warmgate_onnxruntime": args.skip_warmgate_onnxruntime}  # fmt: skip
+    paths = {"warmgate_onnxruntime": ("/v1/embeddings", None)}
     running: dict[str, tuple[Any, str]] = {}
     with ServerProcess(server_args) as server:
         report = server.wait_ready(timeout=900)
@@ -359,10 +382,9 @@ def side_by_side(args: argparse.Namespace, model: str) -> dict[str, Any]:
                     result["warmgate"]["points"].append(point)
                     print("warmgate", json.dumps(point), flush=True)
                     for key, (_, url) in running.items():
+                        path, name = paths.get(key, ("/embeddings", "minilm"))
                         point = asyncio.run(
-                            closed_loop(
-                                url, concurrency, batch, args.seconds, "/embeddings", "minilm"
-                            )
+                            closed_loop(url, concurrency, batch, args.seconds, path, name)
                         )
                         point.update(round=round_number, load_average=round(os.getloadavg()[0], 1))
                         result[key]["points"].append(point)
@@ -571,6 +593,32 @@ def against_onnx(result: dict[str, Any]) -> list[str]:
     return out
 
 
+def backend_choice(result: dict[str, Any]) -> list[str]:
+    """runtime.backend's default: warmgate's torch pass against its ONNX Runtime backend at
+    every load point (medians over the rounds), and their times to /ready."""
+    peer = result.get("warmgate_onnxruntime", {})
+    if "points" not in peer:
+        return [f"runtime.backend: onnxruntime not measured ({peer.get('error', 'not run')[:200]})"]
+    ours, theirs = by_point(result["warmgate"]["points"]), by_point(peer["points"])
+    out = []
+    for key in sorted(ours):
+        mine, other = ours[key], theirs.get(key)
+        if not other or not other["inputs_per_s"] or not other["p50_ms"]:
+            continue
+        out.append(
+            f"runtime.backend torch / onnxruntime at concurrency {key[0]}, batches of {key[1]}: "
+            f"inputs/s {mine['inputs_per_s']} / {other['inputs_per_s']} = "
+            f"**{mine['inputs_per_s'] / other['inputs_per_s']:.2f}x**, p50 {mine['p50_ms']} / "
+            f"{other['p50_ms']} ms = {mine['p50_ms'] / other['p50_ms']:.2f}x"
+        )
+    out.append(
+        f"warmup: torch {result['warmgate'].get('warmup_seconds')} s, onnxruntime "
+        f"{peer['warmup_seconds']} s (of which {peer['export_seconds']} s exporting the model "
+        "and opening its sessions)"
+    )
+    return out
+
+
 def verdicts(result: dict[str, Any]) -> list[str]:
     out = []
     ceiling = result["sentence_transformers"]
@@ -599,6 +647,7 @@ def verdicts(result: dict[str, Any]) -> list[str]:
                     f"{c32['inputs_per_s'] / peer['inputs_per_s']:.2f}x (target >= 1.2x)"
                 )
     out += against_onnx(result)
+    out += backend_choice(result)
     for run in result["cold_versus_warm"]:
         worst = max(shape["ratio"] for shape in run["shapes"])
         single = max(shape["worst_ratio"] for shape in run["shapes"])
