@@ -132,7 +132,7 @@ bench-server: install ## Cold vs warm first requests; throughput vs sentence-tra
 
 .PHONY: bench-models
 bench-models: install ## XLM-R of multilingual-e5-base's shape: warmgate vs Infinity; bge-m3's shape: ready time, memory
-	$(PY) bench/server/bench_models.py
+	$(PY) bench/server/bench_models.py $(BENCH_ARGS)
 
 .PHONY: bench-server-infinity
 bench-server-infinity: ## Install Infinity into its own venv (~/.cache/warmgate/infinity-venv) for bench-server

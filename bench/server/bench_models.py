@@ -1,4 +1,6 @@
-"""The multilingual families on the CPU (`make bench-models`): warmgate against Infinity on an
+"""The multilingual families on the CPU (`make bench-models`): warmgate (its default torch pass,
+and `--backend onnxruntime`) against Infinity (its torch engine, and its ONNX Runtime engine on
+the folder's optimum export, when `make bench-server-infinity-onnx` has installed it) on an
 XLM-RoBERTa of multilingual-e5-base's shape, and bge-m3's shape on warmgate alone.
 
 No hub is reachable, so the models are made here: the real XLM-RoBERTa architecture at the
@@ -32,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench_server import REPO, machine, start_infinity, write_doc
+from bench_server import REPO, machine, start_infinity, start_infinity_onnx, write_doc
 from cpu_ceiling import bench_tokens, ceiling
 from loadgen import closed_loop, markdown_table
 
@@ -74,6 +76,18 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, default=2, help="alternations per load point")
     parser.add_argument("--skip-infinity", action="store_true")
+    parser.add_argument(
+        "--skip-infinity-onnx",
+        action="store_true",
+        help="leave out Infinity's ONNX Runtime engine (`--engine optimum`)",
+    )
+    parser.add_argument(
+        "--skip-warmgate-onnxruntime",
+        action="store_true",
+        help="leave out warmgate with --backend onnxruntime",
+    )
+    parser.add_argument("--onnx-dir", type=Path, default=None,
+                        help="the e5-base model's ONNX export (default: in the cache)")  # fmt: skip
     parser.add_argument("--skip-bge-m3", action="store_true")
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
     parser.add_argument("--doc", default=str(REPO / "docs" / "benchmarks.md"))
@@ -129,16 +143,22 @@ def memory_of(pid: int) -> dict[str, float]:
     return found
 
 
-def start_warmgate(model: Path) -> tuple[ServerProcess, dict[str, Any]]:
-    """warmgate at its defaults on `model`; the seconds from start to a warm /ready."""
-    server = ServerProcess(["--model", str(model), "--device", "cpu"])
+def start_warmgate(model: Path, *flags: str) -> tuple[ServerProcess, dict[str, Any]]:
+    """warmgate at its defaults (but `flags`) on `model`; the seconds from start to a warm
+    /ready."""
+    server = ServerProcess(["--model", str(model), "--device", "cpu", *flags])
     started = time.monotonic()
     server.start()
-    report = server.wait_ready(timeout=1800)
+    try:
+        report = server.wait_ready(timeout=1800)
+    except BaseException:
+        server.kill()
+        raise
     return server, {
         "ready_seconds": round(time.monotonic() - started, 1),
         "warmup_seconds": round(report["warmup_seconds"], 1),
         "forward": report["forward"]["pass"],
+        "backend": report["forward"].get("backend", "torch"),
         "shapes": len(report["planned_shapes"]),
         "memory_mib": memory_of(server.pid),
     }
@@ -149,7 +169,8 @@ def load_points(
 ) -> list[dict[str, Any]]:
     """Each point on each server in turn, `rounds` times (so neither always goes first)."""
     points = []
-    cases = [(SENTENCES[:1], 1), ((SENTENCES * 4)[:32], 8), ((SENTENCES * 4)[:32], 32)]
+    cases = [(SENTENCES[:1], 1), (SENTENCES[:1], 32), ((SENTENCES * 4)[:32], 8),
+             ((SENTENCES * 4)[:32], 32)]  # fmt: skip
     for batch, concurrency in cases:
         seconds = args.seconds_many if len(batch) == 32 else args.seconds
         for round_index in range(args.rounds):
@@ -184,29 +205,62 @@ def render(result: dict[str, Any]) -> str:
         "XLM-RoBERTa of multilingual-e5-base's shape (random fp32 weights, mean pooling):",
         "",
     ]
-    columns = ["server", "ready_s", "1 sentence c=1 p50 ms", "32 x c=8 inputs/s",
-               "32 x c=32 inputs/s", "errors"]  # fmt: skip
+    columns = ["server", "ready_s", "1 sentence c=1 p50 ms", "1 sentence c=32 inputs/s",
+               "32 x c=8 inputs/s", "32 x c=32 inputs/s", "errors"]  # fmt: skip
     rows = []
+    points = result["e5-base"]["points"]
+    measured = {(p["server"], p["batch"], p["concurrency"]) for p in points}
     for name, started in result["e5-base"]["servers"].items():
-        points = result["e5-base"]["points"]
-        single, eight, many = (best_of(points, name, b, c) for b, c in ((1, 1), (32, 8), (32, 32)))
+        best = {key: best_of(points, name, *key) for key in ((1, 1), (1, 32), (32, 8), (32, 32))
+                if (name, *key) in measured}  # fmt: skip
         rows.append({
             "server": name,
             "ready_s": started.get("ready_seconds"),
-            "1 sentence c=1 p50 ms": single["p50_ms"],
-            "32 x c=8 inputs/s": eight["inputs_per_s"],
-            "32 x c=32 inputs/s": many["inputs_per_s"],
-            "errors": single["errors"] + eight["errors"] + many["errors"],
+            "1 sentence c=1 p50 ms": best.get((1, 1), {}).get("p50_ms"),
+            "1 sentence c=32 inputs/s": best.get((1, 32), {}).get("inputs_per_s"),
+            "32 x c=8 inputs/s": best.get((32, 8), {}).get("inputs_per_s"),
+            "32 x c=32 inputs/s": best.get((32, 32), {}).get("inputs_per_s"),
+            "errors": sum(item["errors"] for item in best.values()),
         })  # fmt: skip
     lines += [markdown_table(rows, columns), ""]
+    by_name = {row["server"]: row for row in rows}
+    peer = by_name.get("infinity_onnx")
+    for name in ("warmgate", "warmgate_onnxruntime"):
+        mine = by_name.get(name)
+        if not mine or not peer:
+            continue
+        ratios = []
+        for column, sense, target in (("1 sentence c=1 p50 ms", "<=", 0.8),
+                                      ("1 sentence c=32 inputs/s", ">=", 1.3),
+                                      ("32 x c=8 inputs/s", ">=", 1.3)):  # fmt: skip
+            if mine[column] and peer[column]:
+                ratio = mine[column] / peer[column]
+                met = ratio <= target if sense == "<=" else ratio >= target
+                ratios.append(f"{column} {ratio:.2f}x (target {sense} {target}x: "
+                              f"{'met' if met else 'not met'})")  # fmt: skip
+        lines += [f"{name} against Infinity + ONNX Runtime (issue 27): " + "; ".join(ratios)
+                  + ".", ""]  # fmt: skip
     warmgate = result["e5-base"]["servers"]["warmgate"]
     lines += [
         f"warmgate ran the {warmgate['forward']} pass, {warmgate['shapes']} planned shapes "
         f"warmed in {warmgate['warmup_seconds']} s, resident {warmgate['memory_mib']} MiB.",
         "",
     ]
-    if "infinity_error" in result["e5-base"]:
-        lines += [f"Infinity: not measured: `{result['e5-base']['infinity_error'][:600]}`", ""]
+    ort = result["e5-base"]["servers"].get("warmgate_onnxruntime")
+    if ort:
+        lines += [
+            f"warmgate with `--backend onnxruntime`: {ort['shapes']} shapes warmed in "
+            f"{ort['warmup_seconds']} s (the export and sessions included), resident "
+            f"{ort['memory_mib']} MiB.",
+            "",
+        ]
+    for name in ("infinity", "infinity_onnx"):
+        started = result["e5-base"]["servers"].get(name)
+        if started and "memory_mib" in started:
+            lines += [f"{name}: resident {started['memory_mib']} MiB.", ""]
+    for key in ("infinity_error", "infinity_onnx_error", "warmgate_onnxruntime_error"):
+        if key in result["e5-base"]:
+            lines += [f"{key}: `{result['e5-base'][key][:600]}`", ""]
     if "ceiling" in result:
         top = result["ceiling"]
         lines += [
@@ -248,23 +302,41 @@ def main() -> int:
     result["e5-base"] = section
     warmgate, servers["warmgate"] = start_warmgate(e5)
     print("warmgate", json.dumps(servers["warmgate"]), flush=True)
-    infinity_process = None
+    processes: list[Any] = []  # Infinity's (subprocess.Popen)
+    ort: ServerProcess | None = None
     try:
         urls = {"warmgate": (warmgate.url, "/v1/embeddings", None)}
-        if not args.skip_infinity:
-            infinity_process, url, infinity = start_infinity(args, str(e5), "e5", 1800)
-            if infinity_process is None:
-                section["infinity_error"] = infinity["error"]
+        if not args.skip_warmgate_onnxruntime:
+            try:
+                ort, started = start_warmgate(e5, "--backend", "onnxruntime")
+            except (RuntimeError, TimeoutError) as error:
+                section["warmgate_onnxruntime_error"] = str(error)[-1500:]
             else:
-                servers["infinity"] = {"ready_seconds": infinity["ready_seconds"]}
-                servers["infinity"]["memory_mib"] = memory_of(infinity_process.pid)
-                print("infinity", json.dumps(servers["infinity"]), flush=True)
-                urls["infinity"] = (url, "/embeddings", "e5")
+                servers["warmgate_onnxruntime"] = started
+                urls["warmgate_onnxruntime"] = (ort.url, "/v1/embeddings", None)
+                print("warmgate_onnxruntime", json.dumps(servers["warmgate_onnxruntime"]))
+        starters = {"infinity": (args.skip_infinity, start_infinity),
+                    "infinity_onnx": (args.skip_infinity_onnx, start_infinity_onnx)}  # fmt: skip
+        for name, (skip, start) in starters.items():
+            if skip:
+                continue
+            process, url, started = start(args, str(e5), "e5", 1800)
+            if process is None:
+                section[f"{name}_error"] = started["error"]
+                continue
+            processes.append(process)
+            servers[name] = {"ready_seconds": started["ready_seconds"],
+                             "memory_mib": memory_of(process.pid)}  # fmt: skip
+            print(name, json.dumps(servers[name]), flush=True)
+            urls[name] = (url, "/embeddings", "e5")
         section["points"] = load_points(args, urls)
     finally:
-        if infinity_process is not None and infinity_process.poll() is None:
-            infinity_process.kill()
-            infinity_process.wait(30)
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(30)
+        if ort is not None:
+            ort.kill()
         warmgate.kill()
     if not args.skip_bge_m3:
         server, result["bge-m3"] = start_warmgate(build("bge-m3"))
