@@ -203,7 +203,7 @@ async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRu
                 "warmed %d shapes in %.1fs", len(lifecycle.warmed), lifecycle.warmup_seconds or 0
             )
         else:
-            await engine.workers.export_onnx()  # --backend onnxruntime: before any request
+            await engine.workers.export_onnx(engine.memory)  # --backend onnxruntime
             log.warning("warmup is off: the first request of each shape will be cold")
         lifecycle.enter(READY)
         log.info("ready")

@@ -20,12 +20,18 @@ import logging
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ModelLoadError
+from warmgate_contract.report import MEMORY_MARGIN
+
+from .errors import MemoryExceeded, ModelLoadError
+
+if TYPE_CHECKING:
+    from .memory import Probe
 
 log = logging.getLogger(__name__)
 
@@ -39,32 +45,43 @@ byte of the model's weights: torch's tracer, the ONNX graph and its serialised c
 multilingual-e5-base's shape (1061 MB, 4.3 GB more); the rest is margin."""
 
 
-def weights_bytes(model: Any) -> int:
-    """The bytes of a torch model's parameters and buffers."""
-    tensors = [*model.parameters(), *model.buffers()]
-    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+def check_export_fits(weights: int, memory: Probe) -> None:
+    """Refuse, with the numbers, an export of `weights` bytes of weights whose peak would pass
+    the memory limit (the kernel would kill the container mid-export, and again at every
+    restart) before it starts."""
+    limit = memory.limit()
+    if limit.bytes is None or memory.device != "cpu":
+        return
+    held = memory.current()
+    need = held + int(EXPORT_PEAK_PER_WEIGHT_BYTE * weights)
+    budget = int(limit.bytes * (1 - MEMORY_MARGIN))
+    if need > budget:
+        gib = 2**30
+        raise MemoryExceeded(
+            f"--backend onnxruntime: exporting the model to ONNX takes about {need / gib:.2f} "
+            f"GiB at its peak ({held / gib:.2f} GiB held now and "
+            f"{EXPORT_PEAK_PER_WEIGHT_BYTE:g}x the {weights / gib:.2f} GiB of weights), above "
+            f"{budget / gib:.2f} GiB ({limit.source} less {MEMORY_MARGIN:.0%}): raise "
+            f"resources.limits.memory to at least {need / (1 - MEMORY_MARGIN) / gib + 0.01:.2f} "
+            "GiB, or use runtime.backend torch"
+        )
 
 
+@dataclass(frozen=True)
 class OrtModel:
     """The exported model: `run` gives the last hidden states of a padded batch."""
 
-    def __init__(
-        self,
-        sessions: dict[int, Any],
-        inputs: tuple[str, ...],
-        export_seconds: float,
-        worker_threads: int,
-    ) -> None:
-        self._sessions = sessions
-        self.worker_threads = worker_threads
-        """The threads of a model worker's passes (a solo batch names its own)."""
-        self.inputs = inputs
-        """The graph's input names: input_ids, attention_mask and token_type_ids if it has one."""
-        self.export_seconds = export_seconds
+    sessions: dict[int, Any]
+    """An ONNX Runtime session per thread count."""
+    inputs: tuple[str, ...]
+    """The graph's input names: input_ids, attention_mask and token_type_ids if it has one."""
+    export_seconds: float
+    worker_threads: int
+    """The threads of a model worker's passes (a solo batch names its own)."""
 
     @property
     def thread_counts(self) -> tuple[int, ...]:
-        return tuple(sorted(self._sessions))
+        return tuple(sorted(self.sessions))
 
     def run(self, ids: np.ndarray, mask: np.ndarray, threads: int | None = None) -> np.ndarray:
         """(rows, seq_len, hidden) float32 last hidden states, on the session of `threads`
@@ -73,7 +90,7 @@ class OrtModel:
         feed = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self.inputs:
             feed["token_type_ids"] = np.zeros_like(ids)
-        session = self._sessions.get(threads)
+        session = self.sessions.get(threads)
         if session is None:
             raise RuntimeError(
                 f"no ONNX Runtime session for {threads} threads "

@@ -57,9 +57,7 @@ class Warmup:
         `lifecycle.memory.cut` says what was left out."""
         probe = self.memory
         started = time.perf_counter()
-        if self.workers.exports_onnx:
-            self._check_export_fits()
-            await self.workers.export_onnx()
+        await self.workers.export_onnx(probe)
         limit = probe.limit()
         loaded = probe.current()
         report = MemoryReport(
@@ -129,28 +127,6 @@ class Warmup:
         lifecycle.warmup_seconds = time.perf_counter() - started
         self.metrics.warmup_duration.set(lifecycle.warmup_seconds)
         self._export(report)
-
-    def _check_export_fits(self) -> None:
-        """--backend onnxruntime: refuse, with the numbers, an export whose peak would pass
-        the memory limit (the kernel would kill the container mid-export, again at every
-        restart) before it starts."""
-        from .ort import EXPORT_PEAK_PER_WEIGHT_BYTE, weights_bytes
-
-        limit = self.memory.limit()
-        if limit.bytes is None or self.memory.device != "cpu":
-            return
-        weights = weights_bytes(self.workers.runner.loaded.model)
-        held = self.memory.current()
-        need = held + int(EXPORT_PEAK_PER_WEIGHT_BYTE * weights)
-        budget = int(limit.bytes * (1 - MEMORY_MARGIN))
-        if need > budget:
-            raise MemoryExceeded(
-                f"--backend onnxruntime: exporting the model to ONNX takes about {_gib(need)} "
-                f"at its peak ({_gib(held)} held now and {EXPORT_PEAK_PER_WEIGHT_BYTE:g}x the "
-                f"{_gib(weights)} of weights), above {_gib(budget)} ({limit.source} less "
-                f"{MEMORY_MARGIN:.0%}): raise resources.limits.memory to at least "
-                f"{_gib(int(need / (1 - MEMORY_MARGIN)) + 1)}, or use runtime.backend torch"
-            )
 
     async def _warm_shape(self, lifecycle: Lifecycle, shape: Shape, rule: SettleRule) -> int | None:
         """Settle `shape` on every worker; its memory peak, or None when the device ran out

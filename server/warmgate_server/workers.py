@@ -14,6 +14,7 @@ from warmgate_contract.shapes import Shape
 from .config import ServerConfig
 from .errors import ModelLoadError
 from .loading import LoadedModel
+from .memory import Probe
 from .runner import BatchResult, ModelRunner
 
 T = TypeVar("T")
@@ -95,16 +96,18 @@ class Workers:
         self.runner.graphs = None
         self.graphs_mode, self.graphs_reason = "off", reason
 
-    @property
-    def exports_onnx(self) -> bool:
-        """--backend onnxruntime and the model not exported yet."""
-        return self._backend == "onnxruntime" and self.runner.loaded.ort is None
+    async def export_onnx(self, memory: Probe) -> None:
+        """--backend onnxruntime, before any forward pass (the warmup's first step, or before
+        /ready without a warmup): the model exported and opened in ONNX Runtime, a session for
+        the workers' threads and one for solo batches', unless the export's peak would pass
+        the memory limit (MemoryExceeded, before it starts). Does nothing otherwise."""
+        if self._backend != "onnxruntime" or self.runner.loaded.ort is not None:
+            return
+        from .ort import check_export_fits
+        from .source import weights_bytes
 
-    async def export_onnx(self) -> None:
-        """--backend onnxruntime (the warmup's first step): the model exported and opened in
-        ONNX Runtime, a session for the workers' threads and one for solo batches'."""
-        if self.exports_onnx:
-            await self.run(self.runner.export_onnx, self._solo_threads)
+        check_export_fits(weights_bytes(self.runner.loaded.path), memory)
+        await self.run(self.runner.export_onnx, self._solo_threads)
 
     def forward_report(self) -> dict[str, object]:
         """How forward passes run: warmgate's own pass (packed) or the model's (padded), the
