@@ -223,6 +223,13 @@ FLAGS: tuple[Flag, ...] = (
         "torch or onnxruntime (CPU, float32): what runs the forward passes",
     ),
     Flag(
+        "--compile-cache",
+        "compile_cache",
+        str,
+        None,
+        "a folder that keeps the --backend onnxruntime export across restarts (none: no cache)",
+    ),
+    Flag(
         "--cuda-graphs",
         "cuda_graphs",
         str,

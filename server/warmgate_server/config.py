@@ -119,6 +119,10 @@ class ServerConfig:
     one); onnxruntime: the model exported to ONNX at start and run by ONNX Runtime on padded
     batches of the planned shapes (CPU, float32 only; a session per thread count, each shape
     run during warmup so its memory plan is made before /ready)."""
+    compile_cache: str | None = DEFAULTS["compile_cache"]
+    """A folder where --backend onnxruntime keeps its export under a key of the weights, the
+    model's configuration and the library versions, so a restart with the same model and image
+    opens it instead of exporting (ort.py); None: export at every start."""
     default_prompt_name: str | None = DEFAULTS["default_prompt_name"]
     """Which of the model's prompts (config_sentence_transformers.json) goes before every
     input (None: the folder's default_prompt_name, if any)."""
@@ -234,6 +238,11 @@ def validate(config: ServerConfig) -> None:
             )
         if config.cuda_graphs == "on":
             problems.append("--backend onnxruntime has no CUDA graphs: use --cuda-graphs auto")
+    if config.compile_cache and config.backend != "onnxruntime":
+        problems.append(
+            "--compile-cache keeps the export of --backend onnxruntime: with --backend "
+            f"{config.backend} there is nothing to keep"
+        )
     if config.default_prompt_name is not None and config.default_prompt is not None:
         problems.append("--default-prompt-name and --default-prompt: give one of them")
     if config.cuda_graphs not in CUDA_GRAPHS:

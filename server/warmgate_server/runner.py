@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -353,18 +354,27 @@ class ModelRunner:
             cpu_seconds=time.thread_time() - cpu_started,
         )
 
-    def export_onnx(self, solo_threads: int) -> float:
-        """--backend onnxruntime: export the model and open its ONNX Runtime sessions (in a
-        model thread, as the warmup's first step, so it counts in warmup_seconds); from then on
-        the padded passes run there and the torch model is let go. Returns the seconds taken."""
+    def export_onnx(
+        self,
+        solo_threads: int,
+        cache: Path | None = None,
+        before_export: Callable[[], None] | None = None,
+    ) -> float:
+        """--backend onnxruntime: export the model (or open its export in `cache`) and open its
+        ONNX Runtime sessions (in a model thread, as the warmup's first step, so it counts in
+        warmup_seconds); from then on the padded passes run there and the torch model is let
+        go. Returns the seconds taken."""
         import torch
 
         from .ort import export
 
         loaded = self.loaded
         threads = torch.get_num_threads()  # a model worker's (load_model set it)
-        loaded.ort = export(loaded.model, loaded.uses_token_type_ids, threads, solo_threads)
+        loaded.ort = export(
+            loaded.model, loaded.uses_token_type_ids, threads, solo_threads, cache, before_export
+        )
         loaded.model = None
+        release_freed_memory()
         return loaded.ort.export_seconds
 
     def capture(self, shape: Shape, worker: int) -> None:
@@ -414,6 +424,19 @@ class ModelRunner:
             pooled = self.head.padded(hidden, torch.from_numpy(pool_mask[:count]).to(device))
             # .cpu() waits for the device, so the timing covers the whole forward pass.
             return pooled.cpu().numpy()
+
+
+def release_freed_memory() -> None:
+    """Hand the heap memory freed by the export (its peak, several times the weights) and by
+    the torch model back to the system: glibc keeps freed blocks of the main heap for reuse,
+    so without this the process stays at the export's peak for its whole life."""
+    import contextlib
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _per_input(states: np.ndarray, batch: Sequence[Sequence[int]]) -> list[np.ndarray]:

@@ -142,7 +142,12 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"server exited ({self.process.returncode}):\n{self.log()}")
-            status, report = self.get_json("/ready")
+            try:
+                status, report = self.get_json("/ready")
+            except TimeoutError:
+                # A busy start (an ONNX export holds the interpreter for seconds) answers late:
+                # not an answer, so ask again until the deadline.
+                continue
             if status == 200:
                 return report
             if report.get("phase") == "failed":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TypeVar
 
 from warmgate_contract.shapes import Shape
@@ -39,6 +40,7 @@ class Workers:
         self._threads = tuple(threads)
         self._solo_threads = solo_threads
         self._backend = config.backend
+        self._compile_cache = config.compile_cache
         self.graphs_mode, self.graphs_reason = self._plan_graphs(config, loaded)
         """Whether the planned shapes run as CUDA graphs ("on"/"off") and why not when off."""
 
@@ -106,8 +108,11 @@ class Workers:
         from .ort import check_export_fits
         from .source import weights_bytes
 
-        check_export_fits(weights_bytes(self.runner.loaded.path), memory)
-        await self.run(self.runner.export_onnx, self._solo_threads)
+        def check() -> None:  # on a cache hit there is no export, and no export peak
+            check_export_fits(weights_bytes(self.runner.loaded.path), memory)
+
+        cache = Path(self._compile_cache) if self._compile_cache else None
+        await self.run(self.runner.export_onnx, self._solo_threads, cache, check)
 
     def forward_report(self) -> dict[str, object]:
         """How forward passes run: warmgate's own pass (packed) or the model's (padded), the
@@ -135,5 +140,7 @@ class Workers:
             report["onnxruntime"] = {
                 "export_seconds": round(ort.export_seconds, 2),
                 "session_threads": list(ort.thread_counts),
+                "cache": ort.cache,
+                "cache_entry": ort.cache_path or None,
             }
         return report

@@ -65,6 +65,7 @@ def test_env_names_are_upper_snake_case() -> None:
         (["--backend", "onnxruntime", "--device", "cuda"], "runs on the CPU: use --device cpu"),
         (["--backend", "onnxruntime", "--dtype", "bfloat16"], "use --dtype float32"),
         (["--backend", "onnxruntime", "--packing", "on"], "use --packing auto or off"),
+        (["--compile-cache", "/tmp/c"], "with --backend torch there is nothing to keep"),
         (["--model-workers", "0"], "--model-workers must be at least 1"),
     ],
 )

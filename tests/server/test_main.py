@@ -177,25 +177,39 @@ def test_model_id_resolves_from_the_offline_hugging_face_cache(
     assert Path(folder) == snapshot and commit == "0123456789abcdef"
 
 
-def test_onnxruntime_backend_exports_during_warmup_and_serves_warm(minilm_dir: Path) -> None:
+def test_onnxruntime_backend_exports_during_warmup_and_serves_warm(
+    minilm_dir: Path, tmp_path: Path
+) -> None:
     """--backend onnxruntime: the export and ONNX Runtime's sessions are the warmup's first
     step (counted in warmup_seconds, before /ready), every planned shape runs through them
     before /ready, so each first request of a planned shape is warm, and the vectors are the
-    torch pass's."""
+    torch pass's. With --compile-cache the export is stored, and a restart opens it instead
+    of exporting again (the same vectors, still warm)."""
     plan = ["--sequence-buckets", "16,64", "--warmup-batch-sizes", "1,4", "--max-batch-size", "4"]
     texts = ["hello world", "샘플 문장입니다", "a longer sentence " * 8]
+    cache = tmp_path / "compiled"
     answers = {}
-    for backend in ("onnxruntime", "torch"):
+    for run, backend, expect_cache in (
+        ("exported", "onnxruntime", "miss"),
+        ("restarted", "onnxruntime", "hit"),
+        ("torch", "torch", None),
+    ):
         args = ["--model", str(minilm_dir), *plan, "--backend", backend]
+        if expect_cache:
+            args += ["--compile-cache", str(cache)]
         with ServerProcess(args) as server:
             report = server.wait_ready(300)
             forward = report["forward"]
             assert forward["backend"] == backend
             if backend == "onnxruntime":
                 assert forward["pass"] == "padded"
-                export_seconds = forward["onnxruntime"]["export_seconds"]
-                assert 0 < export_seconds < report["warmup_seconds"], report
-                assert "exported BertModel to ONNX" in server.log()
+                onnx = forward["onnxruntime"]
+                assert 0 < onnx["export_seconds"] < report["warmup_seconds"], report
+                assert onnx["cache"] == expect_cache, onnx
+                entry = Path(onnx["cache_entry"])
+                assert entry.parent == cache and (entry / "model.onnx").is_file(), onnx
+                exported = "exported BertModel to ONNX" in server.log()
+                assert exported == (expect_cache == "miss"), server.log()[-2000:]
             cold = []
             for batch in ([texts[0]], texts, [texts[2]] * 4):
                 request = urllib.request.Request(
@@ -205,9 +219,12 @@ def test_onnxruntime_backend_exports_during_warmup_and_serves_warm(minilm_dir: P
                 )
                 with urllib.request.urlopen(request, timeout=30) as response:
                     cold.append(response.headers["X-Warmgate-Cold"])
-                    answers.setdefault(backend, []).append(json.load(response)["data"])
-            assert cold == ["0", "0", "0"], (backend, cold)
-    for got, want in zip(answers["onnxruntime"], answers["torch"], strict=True):
-        for a, b in zip(got, want, strict=True):
-            u, v = np.array(a["embedding"]), np.array(b["embedding"])
-            assert u @ v / (np.linalg.norm(u) * np.linalg.norm(v)) >= 0.9999
+                    answers.setdefault(run, []).append(json.load(response)["data"])
+            assert cold == ["0", "0", "0"], (run, cold)
+    assert [path.name for path in cache.iterdir()] == [entry.name]  # no temporary folder left
+    for run in ("exported", "restarted"):
+        for got, want in zip(answers[run], answers["torch"], strict=True):
+            for a, b in zip(got, want, strict=True):
+                u, v = np.array(a["embedding"]), np.array(b["embedding"])
+                assert u @ v / (np.linalg.norm(u) * np.linalg.norm(v)) >= 0.9999
+    assert answers["restarted"] == answers["exported"]

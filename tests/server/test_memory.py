@@ -253,21 +253,32 @@ def test_a_process_under_a_limit_too_small_to_load_says_so_and_stays_up(tmp_path
 
 
 @pytest.mark.slow
-def test_an_onnx_export_that_would_pass_the_limit_is_refused_before_it_starts() -> None:
+def test_an_onnx_export_that_would_pass_the_limit_is_refused_before_it_starts(
+    tmp_path: Path,
+) -> None:
     """--backend onnxruntime exports the model at the start of the warmup, which takes about
     4x the weights on top of what the process holds. Under a real cgroup limit that holds the
     loaded model but not the export's peak, the server refuses with the numbers before
     exporting (no OOM kill, no restart into the same end); under one that holds it, the export
-    runs and the server turns ready, the container's peak within the limit."""
+    runs and the server turns ready, the container's peak within the limit. The export it
+    stored in its --compile-cache then lets the same server start under the lower limit: a
+    cache hit has no export peak."""
     args = ["--model", str(minilm_path()), "--device", "cpu", "--backend", "onnxruntime",
             "--sequence-buckets", "16,32", "--warmup-batch-sizes", "1,4"]  # fmt: skip
-    for limit, ready in ((1300 * MiB, False), (2048 * MiB, True)):
+    cache = ["--compile-cache", str(tmp_path / "compiled")]
+    for limit, extra, ready in (
+        (1300 * MiB, [], False),
+        (2048 * MiB, cache, True),
+        (1300 * MiB, cache, True),
+    ):
         with cgroups.memory_limited(f"warmgate-test-{time.monotonic_ns()}", limit) as group:
-            with ServerProcess(args, prefix=cgroups.launch_in(group, [])) as server:
+            with ServerProcess(args + extra, prefix=cgroups.launch_in(group, [])) as server:
                 report = ready_report(server)
                 if ready:
                     assert report["phase"] == "ready", report["error"]
                     assert report["forward"]["backend"] == "onnxruntime"
+                    state = report["forward"]["onnxruntime"]["cache"]
+                    assert state == ("hit" if limit < 2048 * MiB else "miss"), report["forward"]
                     assert report["memory"]["container_peak_bytes"] < limit, report["memory"]
                 else:
                     assert report["phase"] == "failed", report
