@@ -51,6 +51,9 @@ MODELS_DIR = "/var/lib/warmgate/models"
 # The hub source's Hugging Face cache: in the per-pod cache emptyDir, or on the cache claim.
 HF_CACHE_DIR = f"{CACHE_DIR}/huggingface"
 HF_CLAIM_DIR = "/var/lib/warmgate/huggingface"
+COMPILE_CACHE_DIR = f"{CACHE_DIR}/compiled"
+"""Where --backend onnxruntime keeps its export: in the cache emptyDir, or on a claim a user
+mounts there (spec.volumeMounts) to share it between pods and rollouts of the same model."""
 
 DEFAULT_REQUESTS = {"cpu": "500m", "memory": "1536Mi"}
 DEFAULT_MEMORY_LIMIT = "1536Mi"
@@ -232,6 +235,9 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
             "cuda_graphs": None if spec.runtime.cuda_graphs == "auto" else spec.runtime.cuda_graphs,
             # torch is the server's default: left out, so existing pod templates do not change.
             "backend": None if spec.runtime.backend == "torch" else spec.runtime.backend,
+            # The export kept in the pod's cache emptyDir: a restarted container (killed, or
+            # restarted by its liveness probe) opens it instead of exporting again.
+            "compile_cache": COMPILE_CACHE_DIR if spec.runtime.backend == "onnxruntime" else None,
             "tokenization_workers": spec.runtime.tokenization_workers,
             "max_batch_size": batching.max_batch_size,
             "max_client_batch_size": batching.max_client_batch_size,

@@ -228,8 +228,15 @@ def test_prompts_and_the_forward_pass_settings_reach_the_server() -> None:
         assert flag in args
     args = container(children(**{"model.defaultPrompt": "query: "}).deployment)["args"]
     assert "--default-prompt=query: " in args
-    args = container(children(**{"runtime.backend": "onnxruntime"}).deployment)["args"]
-    assert "--backend=onnxruntime" in args
+    onnx = container(children(**{"runtime.backend": "onnxruntime"}).deployment)
+    assert "--backend=onnxruntime" in onnx["args"]
+    # The export is kept in the pod's cache emptyDir, which a restarted container keeps.
+    assert "--compile-cache=/var/cache/warmgate/compiled" in onnx["args"]
+    cache = next(item for item in onnx["volumeMounts"] if item["name"] == "cache")
+    assert "/var/cache/warmgate/compiled".startswith(cache["mountPath"] + "/")
+    assert not any(
+        arg.startswith("--compile-cache") for arg in container(children().deployment)["args"]
+    )
 
 
 def test_bind_address_and_pod_name_come_from_the_downward_api() -> None:
