@@ -175,7 +175,12 @@ def scale_from_zero(kube: Kube, router_url: str) -> dict:
     pod = kube.pods("idle")[0]
     ready = condition(pod, "Ready").get("lastTransitionTime")
     start = parse_time(pod["metadata"]["creationTimestamp"])
-    emb = kube.get("embeddingservice", "idle")
+    # The operator writes the woken pod's warmup into the status on its next observation.
+    deadline = time.monotonic() + 120
+    emb = kube.get("embeddingservice", "idle") or {}
+    while (emb.get("status") or {}).get("warmupSeconds") is None and time.monotonic() < deadline:
+        time.sleep(2)
+        emb = kube.get("embeddingservice", "idle") or {}
     return {
         "hold_s": held_ms / 1000,
         "answered_s": round(answered, 2),
