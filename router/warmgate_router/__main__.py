@@ -14,12 +14,10 @@ import sys
 import time
 from collections.abc import Sequence
 
-from aiohttp import web
-
 from .config import RouterConfig, parse_args
 from .kube import Kube, Reflector
 from .metrics import Metrics
-from .proxy import Router, build_app
+from .proxy import Router, build_server
 from .view import ALIASES, SERVICES, SLICE_SELECTOR, SLICES, View
 
 log = logging.getLogger("warmgate.router")
@@ -45,7 +43,6 @@ def setup_logging(config: RouterConfig) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=config.log_level, handlers=[handler], force=True)
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
 def reflectors(kube: Kube, view: View, namespaces: Sequence[str]) -> list[Reflector]:
@@ -62,11 +59,8 @@ async def serve(config: RouterConfig, drain_seconds: float = 5.0) -> None:
     view = View()
     metrics = Metrics()
     router = Router(config, view, kube, metrics)
-    app = build_app(router)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
-    await site.start()
+    server = build_server(router)
+    await server.start(config.host, config.port)
     log.info(
         "warmgate-router listening on %s:%d, namespaces %s",
         config.host,
@@ -92,14 +86,15 @@ async def serve(config: RouterConfig, drain_seconds: float = 5.0) -> None:
     router.draining = True
     await asyncio.sleep(drain_seconds)
     # Held requests end now (the hold loop sees it within its 0.25 s poll) with a 503 and
-    # Retry-After; runner.cleanup() below waits for their answers to be written.
+    # Retry-After; server.shutdown() below waits for their answers to be written.
     router.stopping = True
     for task in tasks:
         task.cancel()
     for task in tasks:
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    await runner.cleanup()
+    await server.shutdown()
+    await router.close()
     await kube.close()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -73,6 +75,26 @@ class Metrics:
             ["service"],
             registry=r,
         )
+
+        # Labelled children looked up once (labels() validates and locks on every call).
+        self._per_service: dict[str, tuple[Any, Any]] = {}
+        self._answered: dict[tuple[str, str, str], Any] = {}
+
+    def for_service(self, service: str) -> tuple[Any, Any]:
+        """`service`'s children of in_flight and latency."""
+        found = self._per_service.get(service)
+        if found is None:
+            found = (self.in_flight.labels(service=service), self.latency.labels(service=service))
+            self._per_service[service] = found
+        return found
+
+    def answered(self, model: str, service: str, code: int) -> None:
+        """One request answered (requests_total)."""
+        key = (model, service, str(code))
+        child = self._answered.get(key)
+        if child is None:
+            child = self._answered[key] = self.requests.labels(*key)
+        child.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -25,7 +25,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from warmgate_contract.aliases import Resolution
 from warmgate_contract.names import (
@@ -37,6 +36,7 @@ from warmgate_contract.names import (
 
 from .balancer import Balancer
 from .config import RouterConfig
+from .httpd import Request, Response, Routes, Server, json_response
 from .kube import ApiError, Kube
 from .metrics import CONTENT_TYPE, Metrics
 from .upstream import Failed, NotSent, Upstream
@@ -64,7 +64,7 @@ class Refused(Exception):
         self.retry_after = retry_after
 
 
-def _openai_error(error: Refused) -> web.Response:
+def _openai_error(error: Refused) -> Response:
     kind = {404: "not_found_error", 503: "service_unavailable"}.get(
         error.status, "invalid_request_error" if error.status < 500 else "server_error"
     )
@@ -72,23 +72,15 @@ def _openai_error(error: Refused) -> web.Response:
     return _json(error.status, body, error.retry_after)
 
 
-def _tei_error(error: Refused) -> web.Response:
+def _tei_error(error: Refused) -> Response:
     kind = "Validation" if error.status < 500 else "Unhealthy"
     if error.status == 503 and error.retry_after:
         kind = "Overloaded"
     return _json(error.status, {"error": error.message, "error_type": kind}, error.retry_after)
 
 
-def _json(status: int, body: Any, retry_after: int | None = None) -> web.Response:
-    response = web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
-    if retry_after:
-        response.headers["Retry-After"] = str(retry_after)
-    return response
-
-
-def _gone(request: web.Request) -> bool:
-    transport = request.transport
-    return transport is None or transport.is_closing()
+def _json(status: int, body: Any, retry_after: int | None = None) -> Response:
+    return json_response(status, body, {"Retry-After": str(retry_after)} if retry_after else None)
 
 
 def _now() -> str:
@@ -218,7 +210,7 @@ class Router:
         self.note_activity(key)
 
     # -- holding --------------------------------------------------------------------------
-    async def hold(self, request: web.Request, key: Key, deadline: float) -> float:
+    async def hold(self, request: Request, key: Key, deadline: float) -> float:
         """Until `key` has a Ready pod; the seconds waited. Refused when the service cannot
         get one (0 replicas and no scale to zero), past the limits, or after the hold time."""
         service = self.view.service(key) or {}
@@ -256,7 +248,7 @@ class Router:
                 if await self.view.wait_ready(key, min(remaining, 0.25)):
                     outcome = "served"
                     break
-                if _gone(request):
+                if request.gone():
                     break
                 if self.stopping:
                     outcome = "router_stopping"
@@ -292,16 +284,17 @@ class Router:
     # -- forwarding -----------------------------------------------------------------------
     async def forward(
         self,
-        request: web.Request,
+        request: Request,
         model: str | None,
         path: str,
         body: bytes | None,
-    ) -> web.Response:
+    ) -> Response:
         arrived = time.monotonic()
         name, resolution = self.resolve(model)
         namespace = resolution.claim.namespace
         key = (namespace, resolution.service or "")
         label = f"{namespace}/{key[1]}"
+        in_flight, latency = self.metrics.for_service(label)
         self.note_activity(key)
         deadline = arrived + self.config.hold_seconds
         held = 0.0
@@ -328,13 +321,13 @@ class Router:
                     )
                 try:
                     with self.balancer.busy(endpoint):
-                        self.metrics.in_flight.labels(service=label).inc()
+                        in_flight.inc()
                         try:
                             response = await self._send(
                                 request.method, endpoint, path, body, headers
                             )
                         finally:
-                            self.metrics.in_flight.labels(service=label).dec()
+                            in_flight.dec()
                 except NotSent as error:
                     # Never reached the pod (refused, unreachable, or no connection within
                     # --connect-timeout: a pod whose packets a NetworkPolicy drops, a node that
@@ -364,12 +357,12 @@ class Router:
             code = error.status
             raise
         finally:
-            self.metrics.requests.labels(model=name, service=label, code=str(code)).inc()
-            self.metrics.latency.labels(service=label).observe(time.monotonic() - arrived)
+            self.metrics.answered(name, label, code)
+            latency.observe(time.monotonic() - arrived)
 
     async def _send(
         self, method: str, endpoint: Any, path: str, body: bytes | None, headers: dict[str, str]
-    ) -> web.Response:
+    ) -> Response:
         answer = await self.upstream.request(
             method,
             endpoint.address,
@@ -380,7 +373,7 @@ class Router:
             connect_timeout=self.config.connect_timeout,
             answer_timeout=self.config.request_timeout,
         )
-        response = web.Response(status=answer.status, body=answer.body)
+        response = Response(answer.status, answer.body, content_type=None)
         for header, value in answer.headers:
             lower = header.lower()
             if lower in PASSED_HEADERS or lower.startswith("x-warmgate-"):
@@ -388,12 +381,11 @@ class Router:
         return response
 
     # -- routes ---------------------------------------------------------------------------
-    async def openai_embeddings(self, request: web.Request) -> web.Response:
+    async def openai_embeddings(self, request: Request) -> Response:
         """POST /v1/embeddings (and TEI's /embeddings): the model named in the body."""
         try:
-            raw = await request.read()
             try:
-                body = orjson.loads(raw)
+                body = orjson.loads(request.body)
             except orjson.JSONDecodeError as error:
                 raise Refused(
                     400, f"the request body is not JSON: {error}", "invalid_json"
@@ -408,7 +400,7 @@ class Router:
         except Refused as error:
             return _openai_error(error)
 
-    async def tei(self, request: web.Request) -> web.Response:
+    async def tei(self, request: Request) -> Response:
         """TEI's routes: the model named by the X-Warmgate-Model header or by the path
         (/models/NAME/embed; NAME may be namespace/name)."""
         model = request.match_info.get("model")
@@ -420,12 +412,12 @@ class Router:
         try:
             if route == "/embeddings":  # TEI's alias of the OpenAI route
                 return await self.openai_embeddings(request)
-            body = await request.read() if request.method == "POST" else None
+            body = request.body if request.method == "POST" else None
             return await self.forward(request, model, route, body)
         except Refused as error:
             return _tei_error(error)
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: Request) -> Response:
         data = []
         table = self.view.names
         ids = {q: i for q, i in zip(sorted(table.by_qualified), self._ids_in_order(), strict=True)}
@@ -467,22 +459,20 @@ class Router:
             for q in sorted(table.by_qualified)
         ]
 
-    async def healthz(self, request: web.Request) -> web.Response:
+    async def healthz(self, request: Request) -> Response:
         return _json(200, {"status": "ok"})
 
-    async def ready(self, request: web.Request) -> web.Response:
+    async def ready(self, request: Request) -> Response:
         if self.draining:
             return _json(503, {"status": "draining"})
         if not self.synced.is_set():
             return _json(503, {"status": "syncing"})
         return _json(200, {"status": "ready", "names": len(self.view.names.by_qualified)})
 
-    async def metrics_route(self, request: web.Request) -> web.Response:
+    async def metrics_route(self, request: Request) -> Response:
         for key, endpoints in list(self.view.endpoints.items()):
             self.metrics.endpoints.labels(service=f"{key[0]}/{key[1]}").set(len(endpoints))
-        response = web.Response(body=self.metrics.render())
-        response.headers["Content-Type"] = CONTENT_TYPE
-        return response
+        return Response(200, self.metrics.render(), content_type=CONTENT_TYPE)
 
 
 def _epoch(stamp: str) -> int:
@@ -491,31 +481,23 @@ def _epoch(stamp: str) -> int:
     return 0
 
 
-def build_app(router: Router) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_get("/healthz", router.healthz)
-    app.router.add_get("/ready", router.ready)
-    app.router.add_get("/metrics", router.metrics_route)
-    app.router.add_get("/v1/models", router.models)
-    app.router.add_post("/v1/embeddings", router.openai_embeddings)
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+def build_server(router: Router) -> Server:
+    """The router's routes on its HTTP server (httpd.py); while the router drains, every
+    answer closes its connection, so a pooled client's next request opens a new one through
+    the Service, to another replica."""
+    routes = Routes()
+    routes.add("GET", "/healthz", router.healthz)
+    routes.add("GET", "/ready", router.ready)
+    routes.add("GET", "/metrics", router.metrics_route)
+    routes.add("GET", "/v1/models", router.models)
+    routes.add("POST", "/v1/embeddings", router.openai_embeddings)
     for route in TEI_ROUTES:
-        app.router.add_post(f"/{route}", router.tei)
-        app.router.add_post(f"/models/{{model:.+}}/{route}", router.tei)
-    app.router.add_post("/", router.tei)
-    app.router.add_get("/info", router.tei)
-    app.router.add_get("/models/{model:.+}/info", router.tei)
-
-    async def closed(_: web.Application) -> None:
-        await router.close()
-
-    async def prepare(request: web.Request, response: web.StreamResponse) -> None:
-        if router.draining:
-            # aiohttp (3.14) writes the Connection header before this hook runs, so the header
-            # is set here too: the client must know before it reuses the connection.
-            response.force_close()
-            response.headers["Connection"] = "close"
-
-    app.on_response_prepare.append(prepare)
-
-    app.on_cleanup.append(closed)
-    return app
+        routes.add("POST", f"/{route}", router.tei)
+        routes.add_pattern("POST", f"/models/(?P<model>.+)/{route}", router.tei)
+    routes.add("POST", "/", router.tei)
+    routes.add("GET", "/info", router.tei)
+    routes.add_pattern("GET", "/models/(?P<model>.+)/info", router.tei)
+    return Server(routes, max_body=MAX_BODY_BYTES, draining=lambda: router.draining)

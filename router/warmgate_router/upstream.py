@@ -201,37 +201,49 @@ class _Connection(asyncio.Protocol):
 
     def _dechunk(self) -> bool:
         """Move whole chunks from the buffer to the body; True at the last chunk's end."""
-        buffer = self.buffer
-        while True:
-            end = buffer.find(CRLF)
-            if end < 0:
-                if len(buffer) > MAX_HEAD_BYTES:
-                    raise _Malformed("a chunk size line too long")
+        try:
+            done = dechunk(self.buffer, self._chunks)
+        except ValueError as error:
+            raise _Malformed(str(error)) from None
+        if done:
+            assert self._answer is not None
+            self._answer.body = b"".join(self._chunks)
+            self._chunks = []
+        return done
+
+
+def dechunk(buffer: bytearray, chunks: list[bytes]) -> bool:
+    """Chunked transfer coding: move whole chunks from the front of `buffer` to `chunks`; True
+    once the last chunk and its trailers are consumed; ValueError when it is not that coding."""
+    while True:
+        end = buffer.find(CRLF)
+        if end < 0:
+            if len(buffer) > MAX_HEAD_BYTES:
+                raise ValueError("a chunk size line too long")
+            return False
+        size_text = bytes(buffer[:end]).split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise ValueError(f"chunk size {size_text[:20]!r}") from None
+        if size < 0:
+            raise ValueError(f"chunk size {size_text[:20]!r}")
+        if size == 0:
+            # Trailers, then an empty line.
+            trailer_end = buffer.find(b"\r\n\r\n", end)
+            if buffer[end : end + 4] == b"\r\n\r\n":
+                trailer_end = end
+            elif trailer_end < 0:
                 return False
-            size_text = bytes(buffer[:end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise _Malformed(f"chunk size {size_text[:20]!r}") from None
-            if size == 0:
-                # Trailers, then an empty line.
-                trailer_end = buffer.find(b"\r\n\r\n", end)
-                if buffer[end : end + 4] == b"\r\n\r\n":
-                    trailer_end = end
-                elif trailer_end < 0:
-                    return False
-                del buffer[: trailer_end + 4]
-                assert self._answer is not None
-                self._answer.body = b"".join(self._chunks)
-                self._chunks = []
-                return True
-            start = end + 2
-            if len(buffer) < start + size + 2:
-                return False
-            if buffer[start + size : start + size + 2] != CRLF:
-                raise _Malformed("a chunk not followed by CRLF")
-            self._chunks.append(bytes(buffer[start : start + size]))
-            del buffer[: start + size + 2]
+            del buffer[: trailer_end + 4]
+            return True
+        start = end + 2
+        if len(buffer) < start + size + 2:
+            return False
+        if buffer[start + size : start + size + 2] != CRLF:
+            raise ValueError("a chunk not followed by CRLF")
+        chunks.append(bytes(buffer[start : start + size]))
+        del buffer[: start + size + 2]
 
 
 class Upstream:

@@ -17,13 +17,13 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from support.server import serving
 
 from warmgate_contract.names import API_VERSION, MODEL_HEADER, SERVICE_HEADER
 from warmgate_router.config import RouterConfig
+from warmgate_router.httpd import Server
 from warmgate_router.metrics import Metrics
-from warmgate_router.proxy import Router, build_app
+from warmgate_router.proxy import Router, build_server
 from warmgate_router.view import ALIASES, SERVICES, SLICES, View
 from warmgate_server.config import parse_config
 from warmgate_server.loading import LoadedModel, load_model
@@ -88,14 +88,11 @@ def free_port() -> int:
 
 
 class Rig:
-    def __init__(self, view: View, router: Router, client: TestClient) -> None:
+    def __init__(self, view: View, router: Router, server: Server, port: int) -> None:
         self.view = view
         self.router = router
-        self.client = client
-
-    @property
-    def url(self) -> str:
-        return str(self.client.make_url("")).rstrip("/")
+        self.server = server
+        self.url = f"http://127.0.0.1:{port}"
 
     def counter(self, name: str, **labels: str) -> float:
         value = self.router.metrics.registry.get_sample_value(name, labels)
@@ -118,9 +115,9 @@ async def make_rig(**config: Any) -> Rig:
     view = View()
     router = Router(RouterConfig(**config), view, None, Metrics())
     router.synced.set()
-    client = TestClient(TestServer(build_app(router)))
-    await client.start_server()
-    return Rig(view, router, client)
+    server = build_server(router)
+    port = await server.start("127.0.0.1", 0)
+    return Rig(view, router, server, port)
 
 
 @pytest.fixture
@@ -133,7 +130,8 @@ async def rig():
 
     yield build
     for one in made:
-        await one.client.close()
+        await one.server.shutdown(seconds=5)
+        await one.router.close()
 
 
 def names(view: View, services: list[dict], aliases: list[dict]) -> None:
