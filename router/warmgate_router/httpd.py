@@ -45,6 +45,7 @@ log = logging.getLogger("warmgate.router")
 MAX_HEADERS = 128
 KEEPALIVE_SECONDS = 75.0  # aiohttp's and nginx's default
 SWEEP_SECONDS = 5.0
+LINGER_SECONDS = 2.0
 
 
 class Headers:
@@ -280,6 +281,7 @@ class _Connection(asyncio.Protocol):
         self._chunks: list[bytes] = []
         self._continued = False
         self._paused = False
+        self._lingering = False
 
     # -- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -287,6 +289,8 @@ class _Connection(asyncio.Protocol):
         self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # after an error answer: read and dropped until the client closes
         self.buffer += data
         if not self.busy:
             self.idle_since = time.monotonic()  # a request on its way: not idle
@@ -335,8 +339,8 @@ class _Connection(asyncio.Protocol):
             close=close,
             http10=request.version == "HTTP/1.0",
         )
-        if close:
-            return
+        if close or self.transport is None or self.transport.is_closing():
+            return  # a client that hung up: what it pipelined before is not run
         self.busy = False
         self.idle_since = time.monotonic()
         if self._paused and self.transport is not None:
@@ -364,8 +368,23 @@ class _Connection(asyncio.Protocol):
             lines.append("Connection: keep-alive")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         transport.write(head if head_only or not body else head + body)
-        if close:
+        if not close:
+            return
+        if not self.buffer and response.status < 400:
             transport.close()
+            return
+        # The client may still be sending (a body refused unread, pipelined requests): closing
+        # with unread bytes would reset the connection, and a reset can destroy the answer
+        # before the client reads it. So: end our side, drop what comes, close at the
+        # client's end or after LINGER_SECONDS (nginx's lingering close).
+        self._lingering = True
+        self.buffer.clear()
+        if self._paused:
+            self._paused = False
+            transport.resume_reading()
+        if transport.can_write_eof():
+            transport.write_eof()
+        asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.close)
 
     def _parse(self) -> Request | None:
         buffer = self.buffer

@@ -8,6 +8,7 @@ routes through this server are tests/router/test_proxy.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -292,3 +293,26 @@ async def test_shutdown_answers_what_is_in_flight_with_connection_close(serve):
     assert got[0][0] == 200 and got[0][1]["connection"] == "close"
     assert seen_gone == [False]
     writer.close()
+
+
+async def test_a_refused_body_still_being_sent_does_not_cost_the_client_its_answer(serve):
+    """A body over the limit is refused after its head, while the client is still sending
+    it: the server reads and drops the rest before closing, so the client gets the 413
+    instead of a reset connection."""
+    _, port = await serve(max_body=1000)
+    body = b"x" * 4_000_000
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /echo HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body))
+    sending = asyncio.create_task(_send_slowly(writer, body))
+    got = answers(await asyncio.wait_for(reader.read(), 10))
+    with contextlib.suppress(ConnectionError):
+        await sending
+    writer.close()
+    assert got[0][0] == 413 and "over 1000 bytes" in orjson.loads(got[0][2])["error"]
+
+
+async def _send_slowly(writer: asyncio.StreamWriter, body: bytes) -> None:
+    for start in range(0, len(body), 256 * 1024):
+        writer.write(body[start : start + 256 * 1024])
+        await writer.drain()
+        await asyncio.sleep(0.01)
