@@ -164,6 +164,10 @@ bench-router: ## warmgate-router against the Service directly (latency added, th
 	+$(preflight)
 	$(PY) bench/router/bench_router.py
 
+.PHONY: bench-router-cpu
+bench-router-cpu: install ## The router's CPU per request on loopback: this checkout against an earlier commit (no cluster)
+	$(PY) bench/router/bench_router_cpu.py $(BENCH_ARGS)
+
 .PHONY: bench-scaleout
 bench-scaleout: ## Decision to capacity on a scale-out, with and without a standby pod, two models
 	+$(preflight)
