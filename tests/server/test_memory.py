@@ -266,11 +266,18 @@ def test_an_onnx_export_that_would_pass_the_limit_is_refused_before_it_starts(
     args = ["--model", str(minilm_path()), "--device", "cpu", "--backend", "onnxruntime",
             "--sequence-buckets", "16,32", "--warmup-batch-sizes", "1,4"]  # fmt: skip
     cache = ["--compile-cache", str(tmp_path / "compiled")]
-    for limit, extra, ready in (
-        (1300 * MiB, [], False),
+    # The lower limit comes from what this machine's process holds once loaded (its torch and
+    # libraries' resident pages differ from one CPU and build to another): 64 MiB above it
+    # after the 10% margin, which holds a cache hit's warmup but not the export's peak (about
+    # 4.5x MiniLM's 0.09 GiB of weights above what is held).
+    runs: list[tuple[int | None, list[str], bool]] = [
         (2048 * MiB, cache, True),
-        (1300 * MiB, cache, True),
-    ):
+        (None, [], False),
+        (None, cache, True),
+    ]
+    low = 0
+    for limit, extra, ready in runs:
+        limit = limit or low
         with cgroups.memory_limited(f"warmgate-test-{time.monotonic_ns()}", limit) as group:
             with ServerProcess(args + extra, prefix=cgroups.launch_in(group, [])) as server:
                 report = ready_report(server)
@@ -279,7 +286,11 @@ def test_an_onnx_export_that_would_pass_the_limit_is_refused_before_it_starts(
                     assert report["forward"]["backend"] == "onnxruntime"
                     state = report["forward"]["onnxruntime"]["cache"]
                     assert state == ("hit" if limit < 2048 * MiB else "miss"), report["forward"]
-                    assert report["memory"]["container_peak_bytes"] < limit, report["memory"]
+                    # The process's own peak (the container's counts reclaimable page cache).
+                    assert report["memory"]["peak_bytes"] < limit, report["memory"]
+                    if not low:
+                        low = int((report["memory"]["loaded_bytes"] + 64 * MiB) / 0.9)
+                        assert low < 2048 * MiB, report["memory"]
                 else:
                     assert report["phase"] == "failed", report
                     assert report["failure_reason"] == REASON_MEMORY_EXCEEDED
