@@ -65,9 +65,6 @@ class Headers:
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and name.lower() in self._items
 
-    def items(self) -> Any:
-        return self._items.items()
-
 
 class Request:
     __slots__ = ("_conn", "body", "headers", "match_info", "method", "path", "query", "version")
@@ -126,10 +123,11 @@ def json_response(status: int, body: Any, headers: dict[str, str] | None = None)
 
 
 class HttpError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers
 
 
 class Routes:
@@ -165,12 +163,14 @@ class Routes:
         handler = methods.get(method)
         if handler is None:
             allowed = ", ".join(sorted(methods))
-            raise HttpError(405, f"{request.method} {request.path}: allowed {allowed}")
+            raise HttpError(
+                405, f"{request.method} {request.path}: allowed {allowed}", {"Allow": allowed}
+            )
         return handler
 
 
-def _error(status: int, message: str) -> Response:
-    return json_response(status, {"error": message, "error_type": http.HTTPStatus(status).phrase})
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return json_response(status, {"error": message, "error_type": _phrase(status)}, headers)
 
 
 _date = ["", 0]
@@ -258,10 +258,7 @@ class Server:
             handler = self.routes.find(request)
             return await handler(request)
         except HttpError as error:
-            response = _error(error.status, error.message)
-            if error.status == 405:
-                response.headers["Allow"] = error.message.rsplit("allowed ", 1)[1]
-            return response
+            return _error(error.status, error.message, error.headers)
         except Exception:
             log.exception("%s %s failed", request.method, request.path)
             return _error(500, f"the router failed on {request.method} {request.path}")
@@ -404,7 +401,8 @@ class _Connection(asyncio.Protocol):
             self._head = _parse_head(bytes(buffer[:end]))
             del buffer[: end + 4]
             headers = self._head[3]
-            self._framing, self._chunks, self._continued = _framing(headers, self.server.max_body)
+            self._framing, self._continued = _framing(headers, self.server.max_body)
+            self._chunks = []
         if self._framing > 0 and len(buffer) < self._framing:
             self._continue()
             return None
@@ -468,8 +466,9 @@ def _parse_head(raw: bytes) -> tuple[str, str, str, dict[str, str]]:
     return method, target, version, headers
 
 
-def _framing(headers: dict[str, str], max_body: int) -> tuple[int, list[bytes], bool]:
-    """(framing, chunks, continued): Content-Length n > 0, chunked -1, no body 0."""
+def _framing(headers: dict[str, str], max_body: int) -> tuple[int, bool]:
+    """(framing, continued): Content-Length n > 0, chunked -1, no body 0; continued is False
+    when the client waits for `100 Continue` before its body."""
     coding = headers.get("transfer-encoding")
     length = headers.get("content-length")
     continued = headers.get("expect", "").lower() != "100-continue"
@@ -478,15 +477,15 @@ def _framing(headers: dict[str, str], max_body: int) -> tuple[int, list[bytes], 
             raise HttpError(400, "both Transfer-Encoding and Content-Length")
         if coding.lower() != "chunked":
             raise HttpError(501, f"Transfer-Encoding {coding[:40]!r}: only chunked is served")
-        return -1, [], continued
+        return -1, continued
     if length is None:
-        return 0, [], True
+        return 0, True
     if not length.isdigit():
         raise HttpError(400, f"Content-Length {length[:40]!r} is not a number")
     size = int(length)
     if size > max_body:
         raise HttpError(413, f"the request body ({size} bytes) is over {max_body} bytes")
-    return size, [], continued if size else True
+    return size, continued if size else True
 
 
 def _keep_alive(request: Request) -> bool:
