@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import modelconfig
+from . import checkpoint, modelconfig
 from .config import ServerConfig
 from .cpus import plan_threads
 from .errors import ModelLoadError, weight_names
@@ -271,7 +271,7 @@ def _load_transformers_model(
             model, info = AutoModel.from_pretrained(str(path), torch_dtype=dtype, **options)
     except (OSError, ValueError, ImportError) as exc:
         raise ModelLoadError(f"--model {config.model}: cannot load it from {path}: {exc}") from None
-    problems = _loading_problems(model, info, _checkpoint_keys(path))
+    problems = _loading_problems(model, info, checkpoint.keys(path))
     if problems:
         raise ModelLoadError(
             f"--model {config.model}: the weights do not fit {type(model).__name__}: "
@@ -307,26 +307,6 @@ def _loading_problems(model: Any, info: dict[str, Any], keys: set[str]) -> str:
     if mismatched:
         parts.append(f"of another shape {weight_names(mismatched)}")
     return "; ".join(parts)
-
-
-def _checkpoint_keys(path: Path) -> set[str]:
-    """The weight names a model folder's checkpoint holds (safetensors, sharded or not, or
-    pytorch_model.bin)."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        return set(json.loads(index.read_text()).get("weight_map") or {})
-    single = path / "model.safetensors"
-    if single.is_file():
-        from safetensors import safe_open
-
-        with safe_open(str(single), framework="pt") as handle:
-            return set(handle.keys())
-    legacy = path / "pytorch_model.bin"
-    if legacy.is_file():
-        import torch
-
-        return set(torch.load(legacy, map_location="meta", weights_only=True))
-    return set()
 
 
 def _usable_positions(model: Any) -> int | None:

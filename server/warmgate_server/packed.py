@@ -22,10 +22,11 @@ token states there, with no host synchronisation and no data-dependent shape: th
 CUDA graph captures (graphs.py), one per warmed shape. Pooling and the modules after it are
 head.py's.
 
-The weights come straight from the model folder (`config.json` and `model.safetensors`), so a
-BERT-family model starts without importing transformers' modeling stack (several seconds of CPU
-per pod start), or from an already loaded Hugging Face model. Every weight of the checkpoint
-must be used and none may be missing (the pooler, which no embedding reads, aside).
+The weights come straight from the model folder (`config.json` and its checkpoint in any of its
+forms: checkpoint.py), so a BERT-family model starts without importing transformers' modeling
+stack (several seconds of CPU per pod start), or from an already loaded Hugging Face model.
+Every weight of the checkpoint must be used and none may be missing (the pooler, which no
+embedding reads, aside).
 
 On a CPU in fp32 the linear layers run through oneDNN with their weights reordered once, at
 load, into its blocked layout (the primitive inductor's CPU freezing emits), and the GELU fused
@@ -44,6 +45,7 @@ what has no graph (`--cuda-graphs off`, or a shape outside the plan).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -55,8 +57,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import checkpoint
 from .errors import weight_names
 
+log = logging.getLogger(__name__)
 Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 _TANH_GELU = ((lambda x: F.gelu(x, approximate="tanh")), ("gelu", "tanh"))
 # config.json's hidden_act: the torch function, and the same activation as a oneDNN post-op of
@@ -189,8 +193,8 @@ class PackedBert:
     def from_folder(
         cls, folder: Path, dtype: torch.dtype, device: torch.device | str = "cpu"
     ) -> PackedBert:
-        """From `config.json` and `model.safetensors`, onto `device`; ValueError says why it
-        cannot."""
+        """From `config.json` and the checkpoint (checkpoint.py: safetensors or
+        pytorch_model.bin, sharded or not), onto `device`; ValueError says why it cannot."""
         try:
             config = json.loads((folder / "config.json").read_text())
         except (OSError, ValueError) as exc:
@@ -198,15 +202,12 @@ class PackedBert:
         why_not = supports_config(config)
         if why_not is not None:
             raise ValueError(f"cannot run this model packed: {why_not}")
-        weights = folder / "model.safetensors"
-        if not weights.is_file():
-            raise ValueError("cannot run this model packed: no model.safetensors")
-        from safetensors.torch import load_file
-
-        state = {
-            key: value.to(device=device, dtype=dtype)
-            for key, value in load_file(str(weights)).items()
-        }
+        try:
+            weights = checkpoint.load(folder)
+        except checkpoint.NoCheckpoint as exc:
+            raise ValueError(f"cannot run this model packed: {exc}") from None
+        state = {key: value.to(device=device, dtype=dtype) for key, value in weights.items()}
+        del weights
         return cls(state, config)
 
     def encode(
@@ -362,15 +363,25 @@ def _reordered(layer: _Layer) -> _Layer:
 
 def _canonical(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """BertModel key names: no `bert.` or `roberta.` prefix (BertFor*, RobertaFor*
-    checkpoints), LayerNorm weight/bias rather than the old gamma/beta."""
-    out = {}
+    checkpoints), LayerNorm weight/bias rather than the old gamma/beta. In a checkpoint whose
+    base model's weights carry the prefix, the weights without it are its task head (an MLM
+    head's `cls.`, `lm_head.`): left out, as transformers' AutoModel and sentence-transformers
+    leave them, and logged."""
+    prefixes = ("bert.", "roberta.")
+    headed = any(key.startswith(prefixes) for key in state)
+    out, heads = {}, []
     for key, value in state.items():
+        if headed and not key.startswith(prefixes):
+            heads.append(key)
+            continue
         key = key.removeprefix("bert.").removeprefix("roberta.")
         if key.endswith(".gamma"):
             key = key.removesuffix(".gamma") + ".weight"
         elif key.endswith(".beta"):
             key = key.removesuffix(".beta") + ".bias"
         out[key] = value.detach()
+    if heads:
+        log.info("left out the checkpoint's task head: %s", weight_names(sorted(heads)))
     return out
 
 
