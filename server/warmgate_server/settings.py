@@ -31,9 +31,12 @@ def input_limit(
     if limit > config.largest_bucket:
         limit, source = config.largest_bucket, "the largest of --sequence-buckets"
     if positions is not None and limit > positions:
+        if source == "--max-input-length":
+            fix = "lower --max-input-length (and the buckets above it)"
+        else:  # the folder's own limit, or the largest bucket
+            fix = f"set --max-input-length {positions} (spec.model.maxInputLength) or less"
         raise ModelLoadError(
-            f"--max-input-length {limit} is above this model's {positions} positions: lower "
-            "--max-input-length (and the buckets above it)"
+            f"the input limit {limit} ({source}) is above this model's {positions} positions: {fix}"
         )
     return limit, source
 

@@ -251,5 +251,7 @@ def load_fast(path: Path) -> BertTokenizer:
     """The folder's tokenizer without transformers (BERT's or XLM-R's), or ValueError saying
     why not. Each file is read once."""
     config, text = _read_folder(path)
+    if config.get("auto_map"):
+        raise ValueError("tokenizer_config.json's auto_map names a tokenizer of the folder's own")
     cls = XLMRobertaTokenizer if config.get("tokenizer_class") in XLMR_CLASSES else BertTokenizer
     return cls._from_files(path, config, text)

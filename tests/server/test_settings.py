@@ -35,5 +35,14 @@ def test_the_largest_bucket_caps_the_models_limit() -> None:
 
 
 def test_a_limit_above_the_models_positions_is_refused_saying_what_to_lower() -> None:
-    with pytest.raises(ModelLoadError, match="--max-input-length 128 is above this model's 66"):
+    """The message names what set the limit: the flag is to be lowered; a limit the folder
+    states (sentence_bert_config.json's max_seq_length above the positions) or the largest
+    bucket needs --max-input-length (spec.model.maxInputLength) at the positions."""
+    with pytest.raises(ModelLoadError, match=r"128 \(--max-input-length\) is above this model's "
+                       r"66 positions: lower --max-input-length"):  # fmt: skip
+        input_limit(config("--max-input-length", "128"), 512, "tokenizer", 66)
+    folder_limit = r"64 \(sentence_bert_config.json\) is above this model's 62 positions: set "
+    with pytest.raises(ModelLoadError, match=folder_limit + r"--max-input-length 62 \(spec"):
+        input_limit(config(), 64, "sentence_bert_config.json", 62)
+    with pytest.raises(ModelLoadError, match=r"the largest of --sequence-buckets"):
         input_limit(config(), 512, "tokenizer", 66)
