@@ -141,6 +141,14 @@ def _tokenizer_bert(cls_name: str = "BertTokenizer") -> Any:
     return getattr(transformers, cls_name)(vocab=vocab)
 
 
+def _tokenizer_klue() -> Any:
+    """KLUE's (klue/roberta-base, under jhgan/ko-sroberta-multitask): a BERT WordPiece
+    tokenizer for a RoBERTa model, its specials ordered as RoBERTa's ([PAD] is 1)."""
+    from transformers import BertTokenizer
+
+    return BertTokenizer(vocab=_wordpiece(["[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]"]))
+
+
 def _tokenizer_mpnet() -> Any:
     from transformers import MPNetTokenizer
 
@@ -400,10 +408,14 @@ FAMILIES: dict[str, Family] = {
             _tokenizer_roberta,
             _roberta,
             packed=True,
-            hub_models=(
-                "jhgan/ko-sroberta-multitask",
-                "ibm-granite/granite-embedding-125m-english",
-            ),
+            hub_models=("ibm-granite/granite-embedding-125m-english", "FacebookAI/roberta-base"),
+        ),
+        Family(
+            "roberta-wordpiece",
+            _tokenizer_klue,
+            _roberta,
+            packed=True,
+            hub_models=("jhgan/ko-sroberta-multitask", "klue/roberta-base"),
         ),
         Family(
             "camembert",
@@ -455,7 +467,7 @@ FAMILIES: dict[str, Family] = {
 LAYOUTS = ("current", "hub")
 """current: as the installed sentence-transformers saves; hub: the older layout (module types
 under sentence_transformers.models, boolean pooling flags, max_seq_length in
-sentence_bert_config.json, Dense weights in pytorch_model.bin)."""
+sentence_bert_config.json, the model's and Dense modules' weights in pytorch_model.bin)."""
 
 
 def save_transformer(family: Family, folder: Path, seed: int = 0) -> Any:
@@ -541,11 +553,19 @@ _OLD_FLAGS = {
 }
 
 
-def to_hub_layout(folder: Path, family: Family) -> None:
-    """Rewrite a current save as the older hub layout, which sentence-transformers still reads."""
+def _to_pickled(folder: Path) -> None:
+    """The folder's model.safetensors rewritten as pytorch_model.bin, as older saves have it."""
     import torch
     from safetensors.torch import load_file
 
+    weights = load_file(str(folder / "model.safetensors"))
+    torch.save(weights, folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+
+
+def to_hub_layout(folder: Path, family: Family) -> None:
+    """Rewrite a current save as the older hub layout, which sentence-transformers still reads."""
+    _to_pickled(folder)
     modules = json.loads((folder / "modules.json").read_text())
     for module in modules:
         kind = module["type"].rsplit(".", 1)[-1]
@@ -560,9 +580,7 @@ def to_hub_layout(folder: Path, family: Family) -> None:
             old["include_prompt"] = config.get("include_prompt", True)
             (path / "config.json").write_text(json.dumps(old, indent=2))
         elif kind == "Dense":
-            weights = load_file(str(path / "model.safetensors"))
-            torch.save(weights, path / "pytorch_model.bin")
-            (path / "model.safetensors").unlink()
+            _to_pickled(path)
             config = json.loads((path / "config.json").read_text())
             for key in ("module_input_name", "module_output_name"):
                 config.pop(key, None)
@@ -673,6 +691,41 @@ def build_custom_code(root: Path, builtin_type: str | None = None) -> Path:
         saved.update(model_type=builtin_type, num_hidden_layers=1, num_attention_heads=4)
         saved.update(intermediate_size=128, max_position_embeddings=128)
     (folder / "config.json").write_text(json.dumps(saved, indent=2))
+    return folder
+
+
+CUSTOM_TOKENIZER = '''
+from transformers import BertTokenizerFast
+
+
+class TinyTokenizer(BertTokenizerFast):
+    """Custom code: every text is read backwards before it is tokenized."""
+
+    def __call__(self, text=None, *args, **kwargs):
+        if isinstance(text, str):
+            text = text[::-1]
+        elif isinstance(text, (list, tuple)):
+            text = [item[::-1] if isinstance(item, str) else item for item in text]
+        return super().__call__(text, *args, **kwargs)
+'''
+
+
+def build_custom_tokenizer(root: Path) -> Path:
+    """bert-mean (current layout) with a tokenizer of its own code: tokenizer_config.json's
+    auto_map names `tokenization_tiny.TinyTokenizer`, which reads every text backwards, so
+    its vectors differ from the plain folder's."""
+    folder = root / "custom-tokenizer"
+    if (folder / "modules.json").is_file():
+        return folder
+    scratch = root / ".custom-tokenizer"
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.copytree(build("bert-mean", "current", root), scratch)
+    (scratch / "tokenization_tiny.py").write_text(CUSTOM_TOKENIZER)
+    config = json.loads((scratch / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "TinyTokenizer"
+    config["auto_map"] = {"AutoTokenizer": [None, "tokenization_tiny.TinyTokenizer"]}
+    (scratch / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    scratch.rename(folder)
     return folder
 
 

@@ -1,9 +1,9 @@
-"""The model families people deploy, served right: a tiny model of each family (tests/support
-/zoo.py: real config, model and tokenizer classes, random weights, a tokenizer trained on a
-multilingual corpus), in both sentence-transformers layouts, served over HTTP and compared with
-`SentenceTransformer(folder).encode` on English, Korean, Japanese, emoji, mixed and long
-(truncated) texts. BERT and the RoBERTa family run both forward passes (padding-free and
-transformers'); the others run transformers'. docs/models.md lists what each row proves."""
+"""The model families people deploy, served right: a tiny model of each family
+(warmgate_server/zoo.py: real config, model and tokenizer classes, random weights, a tokenizer
+trained on a multilingual corpus), in both sentence-transformers layouts, served over HTTP and
+compared with `SentenceTransformer(folder).encode` on English, Korean, Japanese, emoji, mixed
+and long (truncated) texts. BERT and the RoBERTa family run both forward passes (padding-free
+and transformers'); the others run transformers'. docs/models.md lists what each row proves."""
 
 from __future__ import annotations
 
@@ -12,34 +12,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestClient
-from support.server import QUICK_SETTLE, SMALL_PLAN
+from support.models import (
+    MIN_COSINE,
+    build_telling_texts_apart,
+    closest_pair,
+    cosine,
+    embed,
+    reference,
+    serve,
+)
+from support.server import QUICK_SETTLE
 
 from warmgate_server import zoo
 from warmgate_server.app import create_app
 from warmgate_server.config import parse_config
 from warmgate_server.testing import wait_for_phase
 
-MIN_COSINE = 0.9999
 SERVER_POOLING = {"lasttoken": "last"}
 
 
 @pytest.fixture(scope="module")
 def zoo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("zoo")
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return (a * b).sum(axis=1)
-
-
-def reference(folder: Path, texts: list[str], prompt_name: str | None = None) -> np.ndarray:
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(folder), device="cpu")
-    return model.encode(texts, prompt_name=prompt_name, convert_to_numpy=True)
 
 
 def wrong_pooling(folder: Path, family: zoo.Family) -> np.ndarray:
@@ -54,45 +48,6 @@ def wrong_pooling(folder: Path, family: zoo.Family) -> np.ndarray:
     else:
         pooling.pooling_mode = "cls" if family.pooling != "cls" else "mean"
     return model.encode(zoo.TEXTS, convert_to_numpy=True)
-
-
-async def serve(aiohttp_client, folder: Path, *args: str) -> tuple[TestClient, dict]:
-    argv = ["--model", str(folder), *SMALL_PLAN, "--auto-truncate", "--device", "cpu", *args]
-    app = create_app(parse_config(argv, environ={}), settle_rule=QUICK_SETTLE)
-    client = await aiohttp_client(app)
-    return client, await wait_for_phase(client, {"ready", "failed"})
-
-
-async def embed(client: TestClient, texts: list[str], prompt_name: str | None = None):
-    body: dict = {"inputs": texts}
-    if prompt_name is not None:
-        body["prompt_name"] = prompt_name
-    response = await client.post("/embed", json=body)
-    assert response.status == 200, await response.text()
-    return np.array(await response.json(), dtype=np.float32)
-
-
-def closest_pair(vectors: np.ndarray) -> float:
-    """The highest cosine between two different rows."""
-    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-    return float((unit @ unit.T)[~np.eye(len(unit), dtype=bool)].max())
-
-
-def build_telling_texts_apart(name: str, layout: str, root: Path) -> tuple[Path, np.ndarray]:
-    """The family's folder and sentence-transformers' vectors of the texts, from the first
-    model seed whose vectors tell every two texts apart (closest pair under 0.999), so that a
-    server answering one text with another's vector fails. The zoo's tokenizers train
-    differently in each process (the Rust trainers' hash maps break ties in their own order),
-    and with some vocabularies a tiny random CLS model with a long shared prompt gives two
-    short texts nearly one vector: another seed gives another model."""
-    closest = []
-    for seed in range(5):
-        folder = zoo.build(name, layout, root / f"seed-{seed}", seed)
-        expected = reference(folder, zoo.TEXTS)
-        closest.append(closest_pair(expected))
-        if closest[-1] < 0.999:
-            return folder, expected
-    raise AssertionError(f"{name}: every seed gives two texts one vector: {closest}")
 
 
 ONNX_REFUSED = {"gemma3-dense": "Gemma3TextModel does not export to ONNX"}
@@ -293,3 +248,29 @@ async def test_an_xlm_roberta_limit_from_its_position_embeddings_holds(
         assert cosine(at_limit, expected).min() >= MIN_COSINE
         refused = await client.post("/embed", json={"inputs": zoo.TEXTS[-1]})
         assert 400 <= refused.status < 500
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(zoo.FAMILIES))
+def test_a_real_server_process_serves_each_family_to_the_openai_sdk(
+    zoo_root: Path, name: str
+) -> None:
+    """`python -m warmgate_server` on the family's folder in the older hub layout (weights in
+    pytorch_model.bin), asked by the OpenAI SDK at its defaults (a pooled client, base64
+    vectors): sentence-transformers' vectors, the same pass as in-process."""
+    from openai import OpenAI
+
+    from warmgate_server.testing import ServerProcess
+
+    family = zoo.FAMILIES[name]
+    folder, expected = build_telling_texts_apart(name, "hub", zoo_root)
+    args = ["--model", str(folder), "--served-model-name", name, "--device", "cpu"]
+    args += ["--sequence-buckets", "16,32,64", "--warmup-batch-sizes", "1,8", "--auto-truncate"]
+    with ServerProcess(args) as server:
+        ready = server.wait_ready(300)
+        assert ready["forward"]["pass"] == ("packed" if family.packed else "padded")
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        answer = client.embeddings.create(model=name, input=zoo.TEXTS)
+        client.close()
+    served = np.array([item.embedding for item in answer.data], dtype=np.float32)
+    assert cosine(served, expected).min() >= MIN_COSINE
