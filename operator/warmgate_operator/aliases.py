@@ -90,6 +90,17 @@ def namespace_statuses(
     return Verdict(statuses, refused)
 
 
+def name_conflict(service: Mapping[str, Any], alias: Mapping[str, Any] | None) -> str | None:
+    """Why `alias`, the EmbeddingAlias of the same name in the same namespace (None: there
+    is none), holds `service`'s own name (the older claim wins), or None when it does not."""
+    if alias is None:
+        return None
+    resolved = resolve(claims_of([service], [alias]))
+    meta = service["metadata"]
+    found = resolved[(KIND, f"{meta['namespace']}/{meta['name']}")]
+    return found.message if found.reason == REASON_NAME_CONFLICT else None
+
+
 def status_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
     """The merge patch that turns `current` into `desired` (a key `desired` lacks: None)."""
     patch = dict(desired)

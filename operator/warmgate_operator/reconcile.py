@@ -17,7 +17,7 @@ from typing import Any
 
 from warmgate_contract.names import REASON_SCALED_TO_ZERO, SPEC_HASH_ANNOTATION
 
-from . import apply, idle
+from . import aliases, apply, idle
 from .builders import Owner, build_children, configmap_name
 from .config import OperatorConfig
 from .events import EventRecorder
@@ -187,7 +187,8 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
     asleep = None
     if spec is not None and spec.scaled_to_zero:
         asleep = idle.asleep_message(previous, idle.Activity.of(body), seen)
-    status = compute_status(spec, body, deployment, pods, ctx.clock(), problem, asleep)
+    conflict = aliases.name_conflict(body, ctx.cache.aliases.get(owner.namespace, owner.name))
+    status = compute_status(spec, body, deployment, pods, ctx.clock(), problem, asleep, conflict)
     if spec is not None:
         status.update(
             idle.zero_status(

@@ -245,6 +245,11 @@ class Operator:
             # of its namespace (created, deleted, or serving another revision).
             self.aliases.enqueue(meta["namespace"])
         if kind == EMBEDDING_ALIAS:
+            # An alias named like an EmbeddingService may hold that one's name (its Conflict
+            # condition says so), or let go of it.
+            key = (meta["namespace"], meta["name"])
+            if self.cache.services.get(*key) is not None:
+                self.controller.enqueue(key)
             return
         if kind == EMBEDDING_SERVICE:
             key = (meta["namespace"], meta["name"])

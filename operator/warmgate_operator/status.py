@@ -18,6 +18,7 @@ from warmgate_contract.names import (
     REASON_FAILED,
     REASON_MEMORY_EXCEEDED,
     REASON_MODEL_MISMATCH,
+    REASON_NAME_CONFLICT,
     REASON_REVISION_MISMATCH,
     REASON_SCALED_TO_ZERO,
     SERVER_CONTAINER,
@@ -245,6 +246,8 @@ class Facts:
     problem: Problem | None
     asleep: str | None = None
     """Scaled to zero by autoscaling.scaleToZero: why, and how it wakes (idle.asleep_message)."""
+    name_conflict: str | None = None
+    """An older EmbeddingAlias holds this EmbeddingService's name: the message naming both."""
 
     @property
     def rollout_done(self) -> bool:
@@ -264,6 +267,7 @@ class Facts:
         live: Sequence[Mapping[str, Any]],
         problem: Problem | None,
         asleep: str | None = None,
+        name_conflict: str | None = None,
     ) -> Facts:
         dep_status = _get(deployment, "status", default={})
         if deployment is not None and _get(deployment, "spec", "replicas") is not None:
@@ -296,6 +300,7 @@ class Facts:
             failing=_failing_pod(live),
             problem=problem,
             asleep=asleep,
+            name_conflict=name_conflict,
         )
 
 
@@ -316,9 +321,13 @@ def degraded_condition(facts: Facts) -> Condition:
 
 def conflict_condition(facts: Facts) -> Condition:
     """Conflict: an object of a child's name exists that this EmbeddingService does not own
-    (another owner's, or nobody's); warmgate never takes it over."""
+    (another owner's, or nobody's); warmgate never takes it over. Or an older EmbeddingAlias
+    holds its name: it serves through its own Service, but warmgate-router sends that name to
+    the alias's target."""
     if facts.problem is not None and facts.problem.reason == CONFLICT_REASON:
         return Condition("Conflict", "True", "ChildExists", facts.problem.message)
+    if facts.name_conflict is not None:
+        return Condition("Conflict", "True", REASON_NAME_CONFLICT, facts.name_conflict)
     return Condition("Conflict", "False", "NoConflict", "")
 
 
@@ -408,10 +417,11 @@ def evaluate(
     pods: Iterable[Mapping[str, Any]],
     problem: Problem | None = None,
     asleep: str | None = None,
+    name_conflict: str | None = None,
 ) -> tuple[dict[str, Any], list[Condition]]:
     """Counts and conditions, without times or generations."""
     live = _live(pods)
-    facts = Facts.gather(spec, deployment, live, problem, asleep)
+    facts = Facts.gather(spec, deployment, live, problem, asleep, name_conflict)
     pool = spec is not None and spec.standby_replicas > 0
     template = _get(deployment, "spec", "template", "metadata", "annotations", default={})
     roles = count([Member.of(p, template.get(SPEC_HASH_ANNOTATION)) for p in live], pool)
@@ -477,14 +487,18 @@ def compute_status(
     now: str,
     problem: Problem | None = None,
     asleep: str | None = None,
+    name_conflict: str | None = None,
 ) -> dict[str, Any]:
     """The whole `status` for `body` (the EmbeddingService as last seen). `asleep`: the Ready
-    message while autoscaling.scaleToZero holds it at zero."""
+    message while autoscaling.scaleToZero holds it at zero; `name_conflict`: why an older
+    EmbeddingAlias holds its name (aliases.name_conflict)."""
     meta = body["metadata"]
     previous = body.get("status") or {}
     generation = int(meta.get("generation") or 0)
     pods = list(pods)
-    counts, conditions = evaluate(spec, meta["name"], deployment, pods, problem, asleep)
+    counts, conditions = evaluate(
+        spec, meta["name"], deployment, pods, problem, asleep, name_conflict
+    )
     status: dict[str, Any] = {"observedGeneration": generation, **counts}
     for key in CARRIED_FIELDS:
         if key in previous:

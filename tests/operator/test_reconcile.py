@@ -210,6 +210,41 @@ async def test_an_object_of_a_childs_name_that_is_not_warmgates_is_not_taken_ove
     assert degraded["reason"] == "ChildConflict" and "Service default/minilm" in degraded["message"]
 
 
+async def test_an_older_alias_of_the_services_own_name_is_a_conflict_condition() -> None:
+    """An EmbeddingAlias older than the EmbeddingService of its name keeps that name on
+    warmgate-router: the EmbeddingService's Conflict condition says so, naming both, and
+    turns False again once the alias is gone. The service itself still serves."""
+    from warmgate_operator.kube import EMBEDDING_ALIAS
+
+    client = FakeClient()
+    body = new_es(client)
+    body["metadata"]["creationTimestamp"] = "2026-11-02T00:00:00Z"
+    client.put(EMBEDDING_SERVICE, body)
+    alias = {
+        "apiVersion": "warmgate.dev/v1alpha1",
+        "kind": "EmbeddingAlias",
+        "metadata": {"name": "minilm", "namespace": "default",
+                     "creationTimestamp": "2026-11-01T00:00:00Z"},
+        "spec": {"service": "other"},
+    }  # fmt: skip
+    client.put(EMBEDDING_ALIAS, alias)
+    rec = reconciler(client)
+    await reconcile_latest(client, rec)
+    conditions = {c["type"]: c for c in client.find(EMBEDDING_SERVICE, "default", "minilm")[
+        "status"]["conditions"]}  # fmt: skip
+    conflict = conditions["Conflict"]
+    assert (conflict["status"], conflict["reason"]) == ("True", "NameConflict")
+    assert "EmbeddingAlias default/minilm" in conflict["message"], conflict
+    assert "EmbeddingService default/minilm" in conflict["message"], conflict
+    assert conditions["Degraded"]["status"] == "False"
+
+    await client.delete(EMBEDDING_ALIAS, "default", "minilm")
+    await reconcile_latest(client, rec)
+    status = client.find(EMBEDDING_SERVICE, "default", "minilm")["status"]
+    conflict = {c["type"]: c for c in status["conditions"]}["Conflict"]
+    assert (conflict["status"], conflict["reason"]) == ("False", "NoConflict")
+
+
 T0 = 1_780_000_000.0  # a creation time; the reconciler's clock is set relative to it
 
 

@@ -167,3 +167,36 @@ async def test_an_alias_gets_its_status_and_follows_its_service() -> None:
     finally:
         await operator.stop()
     assert "service" not in client.find(EMBEDDING_ALIAS, "default", "search")["status"]
+
+
+def conflict_of(client: WatchableClient, name: str) -> tuple[str, str] | None:
+    status = (client.find(EMBEDDING_SERVICE, "default", name) or {}).get("status") or {}
+    found = {c["type"]: c for c in status.get("conditions") or []}.get("Conflict")
+    return None if found is None else (found["status"], found["reason"])
+
+
+async def test_an_alias_that_takes_a_services_name_reconciles_that_service() -> None:
+    """An EmbeddingAlias named like an EmbeddingService, and older, appears: that service is
+    reconciled again at once (no resync waited for) and its Conflict condition names the
+    alias."""
+    client = WatchableClient()
+    body = new_es(client)
+    body["metadata"]["creationTimestamp"] = "2026-11-02T00:00:00Z"
+    client.put(EMBEDDING_SERVICE, body)
+    config = OperatorConfig(namespaces=("default",), resync_seconds=600)
+    operator = Operator.build(config, client, Metrics(), FAST)  # type: ignore[arg-type]
+    await operator.start()
+    try:
+        await until(lambda: conflict_of(client, "minilm") == ("False", "NoConflict"))
+        client.put(
+            EMBEDDING_ALIAS,
+            {
+                "metadata": {"name": "minilm", "namespace": "default", "generation": 1,
+                             "creationTimestamp": "2026-11-01T00:00:00Z"},
+                "spec": {"service": "other"},
+            },
+        )  # fmt: skip
+        client.expire(EMBEDDING_ALIAS)
+        await until(lambda: conflict_of(client, "minilm") == ("True", names.REASON_NAME_CONFLICT))
+    finally:
+        await operator.stop()
