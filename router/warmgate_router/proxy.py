@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import socket
 import time
 from typing import Any
 
@@ -31,6 +32,7 @@ from warmgate_contract.names import (
     ALIAS_KIND,
     LAST_REQUEST_ANNOTATION,
     MODEL_HEADER,
+    ROUTER_HEADER,
     SERVICE_HEADER,
 )
 
@@ -40,7 +42,7 @@ from .httpd import Request, Response, Routes, Server, json_response
 from .kube import ApiError, Kube
 from .metrics import CONTENT_TYPE, Metrics
 from .upstream import Failed, NotSent, Upstream
-from .view import SERVICES, Key, View, replicas, scale_to_zero
+from .view import SERVICES, Key, View, activity_interval, replicas, scale_to_zero
 
 log = logging.getLogger("warmgate.router")
 
@@ -83,8 +85,12 @@ def _json(status: int, body: Any, retry_after: int | None = None) -> Response:
     return json_response(status, body, {"Retry-After": str(retry_after)} if retry_after else None)
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def activity_stamp(moment: float | None = None) -> str:
+    """`moment` (Unix time; now when None) as RFC 3339 in UTC with milliseconds, for the
+    last-request annotation: whole seconds would date a request up to a second early, and
+    the operator counts the idle window from it."""
+    when = datetime.datetime.fromtimestamp(time.time() if moment is None else moment, datetime.UTC)
+    return when.isoformat(timespec="milliseconds").removesuffix("+00:00") + "Z"
 
 
 class Router:
@@ -96,6 +102,8 @@ class Router:
         self.kube = kube
         self.metrics = metrics
         self.balancer = Balancer()
+        self.instance = socket.gethostname()
+        """This replica's name in answers (a pod's host name is the pod's name)."""
         self.held = 0
         self.upstream = Upstream(keepalive_seconds=30.0)
         self._activity: dict[Key, float] = {}
@@ -151,13 +159,16 @@ class Router:
     # -- activity and waking --------------------------------------------------------------
     def note_activity(self, key: Key) -> None:
         now = time.monotonic()
-        if self.kube is None or now - self._activity.get(key, -1e9) < self.config.activity_seconds:
+        if self.kube is None:
+            return
+        interval = activity_interval(self.view.service(key), self.config.activity_seconds)
+        if now - self._activity.get(key, -1e9) < interval:
             return
         self._activity[key] = now
         self._spawn(self._write_activity(key))
 
     async def _write_activity(self, key: Key) -> None:
-        body = {"metadata": {"annotations": {LAST_REQUEST_ANNOTATION: _now()}}}
+        body = {"metadata": {"annotations": {LAST_REQUEST_ANNOTATION: activity_stamp()}}}
         try:
             await self.kube.request(
                 "PATCH",
@@ -349,6 +360,7 @@ class Router:
                         "upstream_failed",
                     ) from None
                 response.headers[SERVICE_HEADER] = label
+                response.headers[ROUTER_HEADER] = self.instance
                 if held:
                     response.headers[HELD_HEADER] = f"{held * 1000:.0f}"
                 code = response.status
@@ -381,8 +393,10 @@ class Router:
         return response
 
     # -- routes ---------------------------------------------------------------------------
-    async def openai_embeddings(self, request: Request) -> Response:
-        """POST /v1/embeddings (and TEI's /embeddings): the model named in the body."""
+    async def openai_embeddings(self, request: Request, named: str | None = None) -> Response:
+        """POST /v1/embeddings: the model named in the body. TEI's /embeddings: the model
+        `named` by its path or header, which a body's `model` may repeat but not contradict
+        (a request must never be served by a model other than the one it asked for)."""
         try:
             try:
                 body = orjson.loads(request.body)
@@ -395,6 +409,15 @@ class Router:
             model = body.pop("model", None)
             if model is not None and not isinstance(model, str):
                 raise Refused(400, "`model` must be a string", "invalid_type")
+            if named is not None:
+                if model not in (None, named):
+                    raise Refused(
+                        400,
+                        f"the request names two models: {named!r} (its path or the "
+                        f"{MODEL_HEADER} header) and {model!r} (the body's `model`); name one",
+                        "model_mismatch",
+                    )
+                model = named
             # The pod serves one model under its own name: the router's name stops here.
             return await self.forward(request, model, "/v1/embeddings", orjson.dumps(body))
         except Refused as error:
@@ -411,7 +434,7 @@ class Router:
             model = request.headers.get(MODEL_HEADER)
         try:
             if route == "/embeddings":  # TEI's alias of the OpenAI route
-                return await self.openai_embeddings(request)
+                return await self.openai_embeddings(request, model)
             body = request.body if request.method == "POST" else None
             return await self.forward(request, model, route, body)
         except Refused as error:

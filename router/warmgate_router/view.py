@@ -157,6 +157,25 @@ def scale_to_zero(service: dict[str, Any]) -> bool:
     return bool(autoscaling.get("enabled")) and autoscaling.get("scaleToZero") is not None
 
 
+ACTIVITY_FRACTION = 3
+"""A service's last-request time is written at least this many times per idle window."""
+
+
+def activity_interval(service: dict[str, Any] | None, configured: float) -> float:
+    """Least seconds between two writes of `service`'s last-request time: --activity-seconds,
+    but at most a third of its own scaleToZero.idleSeconds. The operator scales a service to
+    zero once a whole idle window has passed since the latest write, so under steady traffic
+    a write every window or less could arrive after the window closed (the write's latency,
+    the operator's watch): the service would be put to sleep while it serves."""
+    if service is None or not scale_to_zero(service):
+        return configured
+    window = ((service.get("spec") or {}).get("autoscaling") or {}).get("scaleToZero") or {}
+    idle = window.get("idleSeconds")
+    if not isinstance(idle, int | float) or idle <= 0:
+        return configured
+    return min(configured, idle / ACTIVITY_FRACTION)
+
+
 def replicas(service: dict[str, Any]) -> int | None:
     value = (service.get("spec") or {}).get("replicas")
     return int(value) if isinstance(value, int) else None

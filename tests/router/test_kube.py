@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pytest
 from kubernetes import client as k8s_client
@@ -110,4 +111,68 @@ async def test_a_kind_the_apiserver_does_not_serve_counts_as_none_when_optional(
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await kube.close()
+
+
+async def test_a_request_records_activity_and_wakes_a_service_at_zero(devcluster, namespace):
+    """On the real apiserver: the router writes the last-request time (milliseconds, RFC
+    3339) on the EmbeddingService, and scales one at zero to 1 through its scale
+    subresource, once, counting a cold start; a service someone scaled already is left
+    alone. No operator runs here: spec.replicas is what the scale write set."""
+    from warmgate_contract.names import LAST_REQUEST_ANNOTATION
+    from warmgate_operator.idle import parse_stamp
+    from warmgate_router.config import RouterConfig
+    from warmgate_router.metrics import Metrics
+    from warmgate_router.proxy import Router
+
+    install_crd(devcluster)
+    body = example("sleepy", replicas=0)
+    body["spec"]["autoscaling"] = {
+        "enabled": True, "minReplicas": 0, "maxReplicas": 2, "scaleToZero": {"idleSeconds": 30},
+    }  # fmt: skip
+    path = kubeapi.resource_path("warmgate.dev/v1alpha1", "embeddingservices", namespace)
+    kubeapi.call(devcluster.api, "POST", path, body)
+    kube = router_kube(devcluster)
+    view = View()
+    reflector = Reflector(kube, SERVICES, namespace, view.on_listing, view.on_change)
+    task = asyncio.create_task(reflector.run())
+    router = Router(RouterConfig(activity_seconds=60.0), view, kube, Metrics())
+    key = (namespace, "sleepy")
+
+    def current() -> dict:
+        return kubeapi.call(devcluster.api, "GET", f"{path}/sleepy")
+
+    try:
+        await asyncio.wait_for(reflector.synced.wait(), 30)
+        await until(lambda: view.service(key) is not None)
+        before = time.time()
+        router.note_activity(key)  # a third of idleSeconds (10 s), not --activity-seconds
+        await until(lambda: LAST_REQUEST_ANNOTATION in (current()["metadata"].get(
+            "annotations") or {}))  # fmt: skip
+        stamp = current()["metadata"]["annotations"][LAST_REQUEST_ANNOTATION]
+        assert "." in stamp and stamp.endswith("Z"), stamp
+        assert before - 0.01 <= parse_stamp(stamp) <= time.time()
+
+        await router.wake(key)
+        assert current()["spec"]["replicas"] == 1
+        woken = router.metrics.registry.get_sample_value(
+            "warmgate_router_cold_starts_from_zero_total", {"service": f"{namespace}/sleepy"}
+        )
+        assert woken == 1
+        router._woken.clear()  # past the wake's own 10 s guard: the Scale read decides
+        kubeapi.call(devcluster.api, "PATCH", f"{path}/sleepy", {"spec": {"replicas": 2}},
+                     content_type="application/merge-patch+json")  # fmt: skip
+        await router.wake(key)
+        assert current()["spec"]["replicas"] == 2  # scaled by someone else: left alone
+        assert (
+            router.metrics.registry.get_sample_value(
+                "warmgate_router_cold_starts_from_zero_total", {"service": f"{namespace}/sleepy"}
+            )
+            == 1
+        )
+    finally:
+        await router.close()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
         await kube.close()
