@@ -93,6 +93,8 @@ REASON_RESOLVED = "Resolved"
 # model (TEI's bodies have no model field).
 ROUTER_NAME = "warmgate-router"
 SERVICE_HEADER = "X-Warmgate-Service"
+ROUTER_HEADER = "X-Warmgate-Router"
+"""Which router replica forwarded the answer (its pod's name: its host name)."""
 MODEL_HEADER = "X-Warmgate-Model"
 # Scale to zero: the router writes the time of the last request it forwarded to an
 # EmbeddingService (RFC 3339, UTC, at most every few seconds per service) on the

@@ -193,6 +193,21 @@ async def test_tei_routes_take_the_model_from_a_header_or_the_path(rig, pods):
             body = await response.json()
             assert response.status == 400
             assert "docs" in body["error"] and "query" in body["error"]
+        # TEI's OpenAI route: the path's or the header's model, which the body may repeat.
+        for url, headers, body in (
+            (f"/models/{NS}/query/embeddings", {}, {"input": "a"}),
+            (f"/models/{NS}/query/embeddings", {}, {"input": "a", "model": f"{NS}/query"}),
+            ("/embeddings", {MODEL_HEADER: "query"}, {"input": "a"}),
+        ):
+            async with session.post(r.url + url, json=body, headers=headers) as response:
+                assert response.status == 200, await response.text()
+                assert response.headers[SERVICE_HEADER] == f"{NS}/query", url
+        async with session.post(
+            r.url + f"/models/{NS}/query/embeddings", json={"input": "a", "model": "docs"}
+        ) as response:
+            error = (await response.json())["error"]
+            assert response.status == 400 and error["code"] == "model_mismatch", error
+            assert "'docs'" in error["message"] and f"'{NS}/query'" in error["message"]
 
 
 async def test_unknown_names_conflicts_and_bad_bodies_get_a_clear_error(rig, pods):
@@ -288,6 +303,54 @@ async def test_a_connection_that_never_opens_goes_to_another_pod(rig, pods):
         silent.close()
 
 
+async def test_a_request_a_pod_may_have_run_is_never_sent_to_another(rig, pods):
+    """A pod that takes the whole request and then drops the connection without an answer
+    may have run it (embedding is idempotent, but its cost and its metrics are not, and the
+    router cannot know): a 502 saying so, and the request goes to no other pod. A pod that
+    dies mid-request is made for real on loopback: a listener that reads the request, then
+    closes its socket."""
+    taken: list[bytes] = []
+
+    async def dying(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))  # fmt: skip
+        taken.append(head + await reader.readexactly(length))
+        writer.close()
+
+    server = await asyncio.start_server(dying, "127.0.0.1", 0)
+    dying_port = server.sockets[0].getsockname()[1]
+    try:
+        r = await rig()
+        names(r.view, [es("docs", replicas=2)], [])
+        r.view.on_listing(SLICES, NS, per_port("docs", [dying_port, pods[0]]))
+        picked: list[int] = []
+        pick = r.router.balancer.pick
+
+        def recording(endpoints, tried=()):
+            chosen = pick(endpoints, tried)
+            picked.append(chosen.port if chosen else 0)
+            return chosen
+
+        r.router.balancer.pick = recording
+        statuses = []
+        async with aiohttp.ClientSession() as session:
+            for i in range(8):
+                body = {"model": "docs", "input": f"text {i}"}
+                async with session.post(r.url + "/v1/embeddings", json=body) as response:
+                    answer = await response.json()
+                    statuses.append(response.status)
+                    if response.status == 502:
+                        assert "may have" in answer["error"]["message"], answer
+        assert picked.count(dying_port) == len(taken) >= 1, picked
+        assert statuses.count(502) == len(taken)  # each one the dying pod took failed, once
+        assert statuses.count(200) == picked.count(pods[0]) == 8 - len(taken)
+        assert len(picked) == 8  # one pick per request: nothing was sent twice
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_request_for_a_service_without_a_warm_pod_is_held_until_one_is_ready(rig, pods):
     r = await rig(hold_seconds=30)
     names(r.view, [es("docs")], [])
@@ -300,6 +363,7 @@ async def test_a_request_for_a_service_without_a_warm_pod_is_held_until_one_is_r
         await asyncio.sleep(1.0)
         assert not request.done()
         assert r.router.held == 1
+        assert r.counter("warmgate_router_held_requests", service=f"{NS}/docs") == 1
         # The warm gate passes: the slice turns Ready.
         r.view.on_change(SLICES, "MODIFIED", endpoint_slice("docs", [pods[0]], ready=True))
         response = await request
@@ -310,6 +374,10 @@ async def test_a_request_for_a_service_without_a_warm_pod_is_held_until_one_is_r
         assert response.headers["X-Warmgate-Cold"] == "0"
         response.release()
     assert r.router.held == 0
+    assert r.counter("warmgate_router_held_requests", service=f"{NS}/docs") == 0
+    served = {"service": f"{NS}/docs", "outcome": "served"}
+    assert r.counter("warmgate_router_hold_seconds_count", **served) == 1
+    assert r.counter("warmgate_router_hold_seconds_sum", **served) >= 0.9
 
 
 async def test_holding_is_bounded_in_time_and_count_and_ends_when_the_client_leaves(rig, pods):
