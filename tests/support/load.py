@@ -75,12 +75,18 @@ class Answer:
     """X-Warmgate-Service: which EmbeddingService answered (through warmgate-router)."""
     vector: tuple[float, ...] = ()
     """The embedding's first 16 components."""
+    vectors: tuple[tuple[float, ...], ...] = ()
+    """Every input's embedding's first 16 components, in order (`vector` is the first)."""
+    router: str | None = None
+    """X-Warmgate-Router: the router replica that forwarded it."""
 
 
 @dataclass
 class PooledLoad:
     answers: list[Answer] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    failed_sent: list[float] = field(default_factory=list)
+    """When each failed request was sent (time.monotonic), in the order of `errors`."""
 
     def pods_since(self, moment: float) -> set[str | None]:
         return {a.pod for a in self.answers if a.at >= moment}
@@ -92,13 +98,20 @@ def through_service(kube, name: str) -> str:
 
 @contextmanager
 def pooled_load(
-    url: str, threads: int = 2, model: str = MODEL, text: str = POOLED_TEXT
+    url: str,
+    threads: int = 2,
+    model: str = MODEL,
+    text: str = POOLED_TEXT,
+    inputs: int = 1,
+    retries: int = 0,
 ) -> Iterator[PooledLoad]:
     """`threads` threads sharing one OpenAI SDK client (one httpx pool, keep-alive, as a client
-    application holds it), retries off, each sending one request after another to `url`:
+    application holds it), retries off (or `retries`: the SDK's own, 2 at its default), each
+    sending one request after another to `url` (`text`, or a list of `inputs` copies of it):
     every answer with the pod, revision, cold flag and Connection header it came with, and
     every error."""
-    sdk = openai.OpenAI(base_url=url, api_key="not-needed", max_retries=0, timeout=30)
+    sdk = openai.OpenAI(base_url=url, api_key="not-needed", max_retries=retries, timeout=30)
+    payload = text if inputs == 1 else [text] * inputs
     load = PooledLoad()
     stop = threading.Event()
 
@@ -106,9 +119,10 @@ def pooled_load(
         while not stop.is_set():
             sent = time.monotonic()
             try:
-                raw = sdk.embeddings.with_raw_response.create(model=model, input=text)
-                embedding = raw.parse().data[0].embedding
-                assert len(embedding) == 384
+                raw = sdk.embeddings.with_raw_response.create(model=model, input=payload)
+                data = raw.parse().data
+                assert len(data) == inputs and all(len(d.embedding) == 384 for d in data)
+                embedding = data[0].embedding
                 headers = raw.headers
                 load.answers.append(
                     Answer(
@@ -120,10 +134,13 @@ def pooled_load(
                         sent,
                         headers.get("x-warmgate-service"),
                         tuple(float(v) for v in embedding[:16]),
+                        tuple(tuple(float(v) for v in d.embedding[:16]) for d in data),
+                        headers.get("x-warmgate-router"),
                     )
                 )
             except Exception as error:
                 load.errors.append(f"{time.monotonic():.1f} {type(error).__name__}: {error}")
+                load.failed_sent.append(sent)
             time.sleep(0.02)
 
     workers = [threading.Thread(target=send) for _ in range(threads)]
