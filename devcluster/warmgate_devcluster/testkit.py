@@ -10,6 +10,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from warmgate_contract.names import (
     KIND,
     PLURAL,
     SERVICE_LABEL,
+    WARMED_CONDITION,
 )
 from warmgate_devcluster import images, kubeapi
 from warmgate_devcluster.config import repo_root
@@ -365,6 +367,14 @@ def node_port(kube: Kube, name: str) -> int:
 def service_url(kube: Kube, name: str, path: str = "/v1/embeddings") -> str:
     """The Service through its node port on the node's address: kube-proxy picks the pod."""
     return f"http://{kube.devcluster.node_ip}:{node_port(kube, name)}{path}"
+
+
+def warmup_seconds(pod: dict) -> float | None:
+    """The pod's warmup as the warm gate verified it (its warmgate.dev/warmed condition's
+    message: "N shapes warm in X.Xs; ..."), or None before the gate has passed it."""
+    message = condition(pod, WARMED_CONDITION).get("message") or ""
+    found = re.search(r"warm in ([0-9.]+)s", message)
+    return float(found.group(1)) if found else None
 
 
 def wait_ready(kube: Kube, name: str, revision: str, replicas: int, timeout: float = 300) -> dict:

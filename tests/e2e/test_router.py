@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import threading
 import time
@@ -30,7 +29,7 @@ from typing import Any
 import pytest
 from support.load import LOAD_TEXT, pooled_load, weights_of
 
-from warmgate_contract.names import SERVICE_HEADER, WARMED_CONDITION
+from warmgate_contract.names import SERVICE_HEADER
 from warmgate_devcluster.testkit import (
     ROUTER_SELECTOR,
     condition,
@@ -39,6 +38,7 @@ from warmgate_devcluster.testkit import (
     render_router,
     wait_ready,
     wait_until,
+    warmup_seconds,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -296,12 +296,11 @@ def test_scale_to_zero_and_back_holds_requests_and_answers_them_warm(
     created = datetime.fromisoformat(pod["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
     became_ready = condition(pod, "Ready").get("lastTransitionTime") or ""
     ready = datetime.fromisoformat(became_ready.replace("Z", "+00:00"))
-    warmed = condition(pod, WARMED_CONDITION).get("message") or ""
-    warmup = re.search(r"warm in ([0-9.]+)s", warmed)
+    warmup = warmup_seconds(pod)
     report(
         f"scale from zero: {len(served)} held requests answered warm, longest hold "
         f"{held_ms / 1000:.1f} s (all answered {woke:.1f} s after the burst); the pod: created "
         f"to Ready (start, load, warmup, gate) {(ready - created).total_seconds():.0f} s, its "
-        f"warmup {warmup.group(1) if warmup else '?'} s; {len(refused)} refused past "
+        f"warmup {warmup} s; {len(refused)} refused past "
         f"--max-held-requests"
     )

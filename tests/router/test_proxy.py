@@ -111,6 +111,20 @@ async def pods(loaded):
         yield one.server.port, two.server.port
 
 
+def record_picks(router: Router) -> list[int]:
+    """The port of every pod the balancer picks from now on, in order (0: none left)."""
+    picked: list[int] = []
+    pick = router.balancer.pick
+
+    def recording(endpoints, tried=()):
+        chosen = pick(endpoints, tried)
+        picked.append(chosen.port if chosen else 0)
+        return chosen
+
+    router.balancer.pick = recording
+    return picked
+
+
 async def make_rig(**config: Any) -> Rig:
     view = View()
     router = Router(RouterConfig(**config), view, None, Metrics())
@@ -248,15 +262,7 @@ async def test_a_refused_connection_goes_to_another_pod_and_load_goes_to_the_lea
     names(r.view, [es("docs", replicas=3)], [])
     dead = free_port()
     r.view.on_listing(SLICES, NS, per_port("docs", [dead, pods[0], pods[1]]))
-    picked: list[int] = []
-    pick = r.router.balancer.pick
-
-    def recording(endpoints, tried=()):
-        chosen = pick(endpoints, tried)
-        picked.append(chosen.port if chosen else 0)
-        return chosen
-
-    r.router.balancer.pick = recording
+    picked = record_picks(r.router)
     async with aiohttp.ClientSession() as session:
 
         async def one(i: int) -> None:
@@ -324,15 +330,7 @@ async def test_a_request_a_pod_may_have_run_is_never_sent_to_another(rig, pods):
         r = await rig()
         names(r.view, [es("docs", replicas=2)], [])
         r.view.on_listing(SLICES, NS, per_port("docs", [dying_port, pods[0]]))
-        picked: list[int] = []
-        pick = r.router.balancer.pick
-
-        def recording(endpoints, tried=()):
-            chosen = pick(endpoints, tried)
-            picked.append(chosen.port if chosen else 0)
-            return chosen
-
-        r.router.balancer.pick = recording
+        picked = record_picks(r.router)
         statuses = []
         async with aiohttp.ClientSession() as session:
             for i in range(8):
