@@ -253,11 +253,16 @@ def start_infinity(
 
 
 def start_infinity_onnx(
-    args: argparse.Namespace, model: str, served_name: str = "minilm", timeout_s: float = 600
+    args: argparse.Namespace,
+    model: str,
+    served_name: str = "minilm",
+    timeout_s: float = 600,
+    extra: tuple[str, ...] = (),
 ) -> tuple[Any, str, dict[str, Any]]:
     """Infinity's ONNX Runtime engine (`--engine optimum --device cpu --pooling-method mean`,
-    onnx_export.infinity_command) from its own venv, offline, on the model folder's ONNX export
-    (made or refreshed by onnx_export.export first: idempotent, a no-op when up to date)."""
+    onnx_export.infinity_command, with `extra` flags) from its own venv, offline, on the model
+    folder's ONNX export (made or refreshed by onnx_export.export first: idempotent, a no-op
+    when up to date)."""
     venv = INFINITY_ONNX_VENV.expanduser()
     binary = venv / "bin" / "infinity_emb"
     if not binary.exists():
@@ -280,7 +285,7 @@ def start_infinity_onnx(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = onnx_export.offline_env()
     env.pop("OMP_NUM_THREADS", None)
-    command = onnx_export.infinity_command(folder, port, venv, served_name)
+    command = onnx_export.infinity_command(folder, port, venv, served_name, extra)
     process, url, found = _serve_until_healthy(command, env, port, log_path, timeout_s)
     found.update(onnx_folder=str(folder), export_seconds=export_seconds)
     if process is not None:

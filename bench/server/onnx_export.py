@@ -237,12 +237,16 @@ def free_port() -> int:
 
 
 def infinity_command(
-    folder: Path, port: int, venv: Path = ONNX_VENV, served_name: str = "model"
+    folder: Path,
+    port: int,
+    venv: Path = ONNX_VENV,
+    served_name: str = "model",
+    extra: tuple[str, ...] = (),
 ) -> list[str]:
     return [str(venv.expanduser() / "bin" / "infinity_emb"), "v2", "--model-id", str(folder),
             "--served-model-name", served_name, "--engine", "optimum", "--device", "cpu",
             "--pooling-method", pooling_of(folder), "--host", "127.0.0.1", "--port", str(port),
-            "--batch-size", "32"]  # fmt: skip
+            "--batch-size", "32", *extra]  # fmt: skip
 
 
 def check(folder: Path, venv: Path = ONNX_VENV, timeout_s: float = 600) -> dict[str, Any]:
