@@ -29,11 +29,9 @@ Every weight of the checkpoint must be used and none may be missing (the pooler,
 embedding reads, aside).
 
 On a CPU in fp32 the linear layers run through oneDNN with their weights reordered once, at
-load, into its blocked layout (the primitive inductor's CPU freezing emits), and the GELU fused
-into the inner layer's matrix multiplication. On this project's 2-core AMD EPYC (AVX2), for
-e5-base's matrices: as fast as MKL on one thread, 16% faster on two
-(bench/server/cpu_ceiling.py); the whole pass on two single-threaded workers about 12% more
-inputs/s (docs/benchmarks.md). `WARMGATE_ONEDNN=0` keeps MKL.
+load, into its blocked layout (the primitive inductor's CPU freezing emits), the GELU fused
+into the inner layer's matrix multiplication, or through MKL, whichever this CPU runs faster
+for a pass's token count: measured at load (linear.py).
 
 On a CPU the row count of a matrix multiplication picks no kernel, so the padding-free pass's
 varying token counts are warm once its (rows, L) shapes are; `make bench-server` probes token
@@ -46,9 +44,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -57,11 +53,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import checkpoint
+from . import checkpoint, linear
 from .errors import weight_names
 
 log = logging.getLogger(__name__)
-Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 _TANH_GELU = ((lambda x: F.gelu(x, approximate="tanh")), ("gelu", "tanh"))
 # config.json's hidden_act: the torch function, and the same activation as a oneDNN post-op of
 # the matrix multiplication before it (attr, algorithm).
@@ -108,20 +103,6 @@ def supports_config(config: Mapping[str, Any]) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class _Layer:
-    qkv_weight: torch.Tensor
-    qkv_bias: torch.Tensor
-    out_weight: torch.Tensor
-    out_bias: torch.Tensor
-    out_norm: tuple[torch.Tensor, torch.Tensor]
-    inner_weight: torch.Tensor
-    inner_bias: torch.Tensor
-    output_weight: torch.Tensor
-    output_bias: torch.Tensor
-    output_norm: tuple[torch.Tensor, torch.Tensor]
-
-
 class PackedBert:
     """A BERT encoder's weights and its padding-free forward pass (call it in inference mode)."""
 
@@ -158,7 +139,7 @@ class PackedBert:
             self.position = state["embeddings.position_embeddings.weight"][self.offset :]
             self.token_type = state["embeddings.token_type_embeddings.weight"][0]
             self.embedding_norm = _norm(state, "embeddings.LayerNorm")
-            self.layers = [
+            plain = [
                 _layer(state, f"encoder.layer.{index}.")
                 for index in range(int(config["num_hidden_layers"]))
             ]
@@ -171,18 +152,12 @@ class PackedBert:
                 f"the checkpoint's {found} layer weights are not {layers} BERT layers' "
                 f"{per_layer * layers}"
             )
-        self.onednn = _onednn_linear(self.device, self.dtype)
-        """The linear layers run through oneDNN with reordered weights (CPU, fp32)."""
         activation, post_op = _ACTIVATIONS[config.get("hidden_act", "gelu")]
-        self._linear: Linear = F.linear
-        self._activated: Linear = lambda x, weight, bias: activation(F.linear(x, weight, bias))
-        """The inner layer: its linear layer and the activation."""
-        if self.onednn:
-            self.layers = [_reordered(layer) for layer in self.layers]
-            linear = torch.ops.mkldnn._linear_pointwise
-            self._linear = lambda x, weight, bias: linear(x, weight, bias, "none", [], "")
-            attr, algorithm = post_op
-            self._activated = lambda x, weight, bias: linear(x, weight, bias, attr, [], algorithm)
+        self.kernels = linear.choose(plain, self.device, self.dtype, activation, post_op)
+        """The linear layers' kernel for a pass of a given token count (linear.py); the plain
+        weights are freed unless a kernel keeps them."""
+        self.onednn = "onednn" in self.kernels.names
+        """Some passes run their linear layers through oneDNN on reordered weights."""
 
     @classmethod
     def from_model(cls, model: Any) -> PackedBert:
@@ -223,13 +198,22 @@ class PackedBert:
         its longest input (rounded up to ATTENTION_ALIGN) rather than the bucket: the padded
         keys' work grows with the square of the padded length and is masked away, and a CPU
         chooses no kernel per shape (the linear layers already run at the batch's token count).
+        Inputs all of one length (a lone input above all) are not padded at all.
         """
         count = len(batch)
         lengths = np.fromiter(map(len, batch), dtype=np.int64, count=count)
+        uniform = False
         if self.device.type == "cpu" and self.varlen is None:
             rows = count
             longest = int(lengths.max()) if count else 1
-            seq_len = min(seq_len, -(-longest // ATTENTION_ALIGN) * ATTENTION_ALIGN)
+            # Inputs of one length (a lone input above all) need no padding: attention runs on
+            # the packed tokens' own layout, without the scatter, the gather and the mask.
+            uniform = count > 0 and int(lengths.min()) == longest
+            seq_len = (
+                longest
+                if uniform
+                else min(seq_len, -(-longest // ATTENTION_ALIGN) * ATTENTION_ALIGN)
+            )
         if count < rows:
             batch = [*batch, *([batch[0][:1]] * (rows - count))]
             lengths = np.concatenate([lengths, np.ones(rows - count, dtype=np.int64)])
@@ -242,6 +226,8 @@ class PackedBert:
         if self.varlen is not None:
             bounds = np.append(starts, total).astype(np.int32)
             attend = self._varlen_attend(self._on_device(bounds), seq_len)
+        elif uniform:
+            attend = self._padded_attend(None, None, rows, seq_len)
         else:
             slot = self._on_device(row_of * seq_len + position)  # index into (rows * seq_len)
             keys = self._on_device(np.arange(seq_len)[None, :] < lengths[:, None])
@@ -250,8 +236,9 @@ class PackedBert:
 
         x = self.word[self._on_device(token_ids)] + self.position[self._on_device(position)]
         x = self._norm(x + self.token_type, self.embedding_norm)
-        for layer in self.layers:
-            x = self._layer(layer, x, attend)
+        kernel = self.kernels.for_rows(total)
+        for layer in kernel.layers:
+            x = self._layer(kernel, layer, x, attend)
 
         real = int(starts[count - 1] + lengths[count - 1])
         return x[:real], starts[:count], lengths[:count]
@@ -266,8 +253,9 @@ class PackedBert:
         x = self._norm(x, self.embedding_norm).reshape(rows * seq_len, self.hidden)
         keys = mask.bool()[:, None, None, :]
         attend = self._padded_attend(None, keys, rows, seq_len)
-        for layer in self.layers:
-            x = self._layer(layer, x, attend)
+        kernel = self.kernels.for_rows(rows * seq_len)
+        for layer in kernel.layers:
+            x = self._layer(kernel, layer, x, attend)
         return x.view(rows, seq_len, self.hidden)
 
     def _on_device(self, array: np.ndarray) -> torch.Tensor:
@@ -275,10 +263,11 @@ class PackedBert:
         return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
 
     def _padded_attend(
-        self, slot: torch.Tensor | None, keys: torch.Tensor, rows: int, seq_len: int
+        self, slot: torch.Tensor | None, keys: torch.Tensor | None, rows: int, seq_len: int
     ) -> Callable[[torch.Tensor], torch.Tensor]:
         """Attention in the padded (rows, heads, seq_len, head) layout. `slot`: where each
-        packed token sits in it (None: the tokens are already padded, `dense`)."""
+        packed token sits in it (None: the tokens are already in that layout: `dense`, or rows
+        of one length); `keys`: which keys each row attends (None: all of them)."""
         heads, size = self.heads, self.head_size
 
         def attend(qkv: torch.Tensor) -> torch.Tensor:
@@ -314,13 +303,17 @@ class PackedBert:
         return F.layer_norm(x, (self.hidden,), norm[0], norm[1], self.eps)
 
     def _layer(
-        self, layer: _Layer, x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]
+        self,
+        kernel: linear.Kernel,
+        layer: linear.Layer,
+        x: torch.Tensor,
+        attend: Callable[[torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
-        context = attend(self._linear(x, layer.qkv_weight, layer.qkv_bias))
-        attended = self._linear(context, layer.out_weight, layer.out_bias) + x
+        context = attend(kernel.linear(x, layer.qkv_weight, layer.qkv_bias))
+        attended = kernel.linear(context, layer.out_weight, layer.out_bias) + x
         attended = self._norm(attended, layer.out_norm)
-        inner = self._activated(attended, layer.inner_weight, layer.inner_bias)
-        output = self._linear(inner, layer.output_weight, layer.output_bias)
+        inner = kernel.activated(attended, layer.inner_weight, layer.inner_bias)
+        output = kernel.linear(inner, layer.output_weight, layer.output_bias)
         return self._norm(output + attended, layer.output_norm)
 
 
@@ -333,32 +326,6 @@ def _varlen_attention(device: torch.device, dtype: torch.dtype) -> Callable[...,
     except ImportError:  # torch before 2.9: padded keys, as on a CPU
         return None
     return varlen_attn
-
-
-def _onednn_linear(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the linear layers run through oneDNN: a CPU, fp32, a torch built with it
-    (torch's own wheels are), and not switched off with WARMGATE_ONEDNN=0."""
-    if device.type != "cpu" or dtype != torch.float32 or os.environ.get("WARMGATE_ONEDNN") == "0":
-        return False
-    ops = torch.ops.mkldnn
-    return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(ops, "_linear_pointwise")
-        and hasattr(ops, "_reorder_linear_weight")
-    )
-
-
-def _reordered(layer: _Layer) -> _Layer:
-    """The layer with its four weight matrices in oneDNN's blocked layout (new tensors: the
-    plain ones are freed unless the caller holds them)."""
-    reorder = torch.ops.mkldnn._reorder_linear_weight
-    return replace(
-        layer,
-        qkv_weight=reorder(layer.qkv_weight, None),
-        out_weight=reorder(layer.out_weight, None),
-        inner_weight=reorder(layer.inner_weight, None),
-        output_weight=reorder(layer.output_weight, None),
-    )
 
 
 def _canonical(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -389,9 +356,9 @@ def _norm(state: Mapping[str, torch.Tensor], prefix: str) -> tuple[torch.Tensor,
     return state[prefix + ".weight"], state[prefix + ".bias"]
 
 
-def _layer(state: Mapping[str, torch.Tensor], prefix: str) -> _Layer:
+def _layer(state: Mapping[str, torch.Tensor], prefix: str) -> linear.Layer:
     own = prefix + "attention.self."
-    return _Layer(
+    return linear.Layer(
         qkv_weight=torch.cat([state[own + name + ".weight"] for name in ("query", "key", "value")]),
         qkv_bias=torch.cat([state[own + name + ".bias"] for name in ("query", "key", "value")]),
         out_weight=state[prefix + "attention.output.dense.weight"],

@@ -303,13 +303,20 @@ class ModelRunner:
 
             torch.cuda.empty_cache()
 
-    def warmup_inputs(self, shape: Shape) -> list[list[int]]:
-        """`shape.batch_size` inputs of `shape.seq_len` tokens (the input limit, when the
-        bucket is longer than the model takes), via the tokenizer."""
+    def warmup_inputs(self, shape: Shape) -> list[list[list[int]]]:
+        """The batches warmup runs `shape` with, in turn: `shape.batch_size` inputs of
+        `shape.seq_len` tokens (the input limit, when the bucket is longer than the model
+        takes), via the tokenizer, and, for more than one input, the same with the last input
+        about half as long. The packed pass on a CPU runs inputs all of one length without
+        padding and mixed lengths with padded, masked keys: both routes serve this shape."""
         length = min(shape.seq_len, self.max_input_length)
         text = _WARMUP_TEXT * (length // 8 + 1)
         ids = self.tokenize([text], truncate=True, max_length=length)[0]
-        return [ids] * shape.batch_size
+        full = [ids] * shape.batch_size
+        if shape.batch_size == 1 or len(ids) < 3:
+            return [full]
+        shorter = [*ids[: max(1, len(ids) // 2 - 1)], ids[-1]]  # its last (special) token kept
+        return [full, [*full[:-1], shorter]]
 
     def execute(
         self,

@@ -132,16 +132,16 @@ class Warmup:
         """Settle `shape` on every worker; its memory peak, or None when the device ran out
         of memory (a GPU: an allocation raises; a CPU past its limit is killed instead)."""
         workers = self.workers
-        inputs = await workers.run(workers.runner.warmup_inputs, shape)
+        batches = await workers.run(workers.runner.warmup_inputs, shape)
         shape_started = time.perf_counter()
         tasks = [
-            asyncio.create_task(self._settle(shape, inputs, worker, rule))
+            asyncio.create_task(self._settle(shape, batches, worker, rule))
             for worker in range(workers.count)
         ]
         try:
             runs = await asyncio.gather(*tasks)
             if workers.runs_solo(shape):  # and alone, on every worker's cores
-                runs.append(await self._settle(shape, inputs, 0, rule, solo=True))
+                runs.append(await self._settle(shape, batches, 0, rule, solo=True))
         except BaseException as error:  # one worker failed: stop the others too
             for task in tasks:
                 task.cancel()
@@ -234,15 +234,20 @@ class Warmup:
     async def _settle(
         self,
         shape: Shape,
-        inputs: list[Sequence[int]],
+        batches: list[list[Sequence[int]]],
         worker: int,
         rule: SettleRule,
         solo: bool = False,
     ) -> list[float]:
+        """Run `shape`'s first batch (every input full: the shape's memory peak and its
+        steady latency) until its latency settles, then each other batch of the warmup's
+        once (another route through the same shape, not timed)."""
         seconds: list[float] = []
         while not should_stop(seconds, rule):
-            result = await self.workers.execute(inputs, shape, worker, solo=solo)
+            result = await self.workers.execute(batches[0], shape, worker, solo=solo)
             seconds.append(result.seconds)
+        for inputs in batches[1:]:
+            await self.workers.execute(inputs, shape, worker, solo=solo)
         return seconds
 
 

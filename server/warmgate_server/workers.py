@@ -136,6 +136,8 @@ class Workers:
             "attention": attention,
             "cuda_graphs": graphs,
         }
+        if packed is not None:
+            report["linear"] = packed.kernels.as_json()
         if ort is not None:
             report["onnxruntime"] = {
                 "export_seconds": round(ort.export_seconds, 2),

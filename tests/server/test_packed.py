@@ -59,12 +59,18 @@ def test_variable_length_attention_gives_the_padded_passs_vectors(
 
 def test_onednn_linear_layers_give_mkls_states(minilm_dir, loaded_minilm, monkeypatch) -> None:
     """On a CPU in fp32 the linear layers run through oneDNN on reordered weights, the GELU
-    fused; WARMGATE_ONEDNN=0 keeps torch's plain linear (MKL). Both give the same states, in
-    the padding-free pass and the static (padded) one."""
+    fused (WARMGATE_LINEAR=onednn), or torch's plain linear (MKL: WARMGATE_LINEAR=mkl, or the
+    older WARMGATE_ONEDNN=0). Both give the same states, in the padding-free pass and the
+    static (padded) one."""
+    monkeypatch.setenv("WARMGATE_LINEAR", "onednn")
     onednn = PackedBert.from_folder(minilm_dir, torch.float32)
-    monkeypatch.setenv("WARMGATE_ONEDNN", "0")
+    monkeypatch.setenv("WARMGATE_LINEAR", "mkl")
     plain = PackedBert.from_folder(minilm_dir, torch.float32)
+    monkeypatch.setenv("WARMGATE_LINEAR", "auto")
+    monkeypatch.setenv("WARMGATE_ONEDNN", "0")
+    assert PackedBert.from_folder(minilm_dir, torch.float32).kernels.names == ("mkl",)
     assert onednn.onednn and not plain.onednn
+    assert onednn.kernels.names == ("onednn",) and plain.kernels.names == ("mkl",)
     token_lists = loaded_minilm.tokenizer(TEXTS)["input_ids"]
     ids = torch.zeros(3, 32, dtype=torch.int64)
     mask = torch.zeros(3, 32, dtype=torch.int64)
@@ -81,3 +87,74 @@ def test_onednn_linear_layers_give_mkls_states(minilm_dir, loaded_minilm, monkey
         torch.testing.assert_close(
             states, plain.dense(ids, mask)[mask.bool()], atol=2e-5, rtol=1e-4
         )
+
+
+def test_inputs_of_one_length_skip_the_padding_and_give_the_same_states(
+    minilm_dir, loaded_minilm
+) -> None:
+    """On a CPU, a lone input or inputs all of one length run attention on the packed tokens'
+    own layout (no scatter into a padded layout, no mask): the states are the padded-keys
+    pass's (the same inputs beside a longer one) and transformers' BertModel's."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(minilm_dir)).eval()
+    packed = PackedBert.from_folder(minilm_dir, torch.float32)
+    tokenizer = loaded_minilm.tokenizer
+    lone = tokenizer(["A man is eating food."])["input_ids"]
+    alike = tokenizer(["a b c d", "e f g h", "i j k l"])["input_ids"]
+    assert len({len(ids) for ids in alike}) == 1
+    longer = tokenizer(["a sentence longer than the others, padded to"])["input_ids"]
+    with torch.inference_mode():
+        for batch in (lone, alike):
+            states, starts, lengths = packed.encode(batch, 32, len(batch))
+            # The same inputs beside a longer one take the padded-keys route.
+            mixed, mixed_starts, _ = packed.encode([*batch, *longer], 32, len(batch) + 1)
+            for row, ids in enumerate(batch):
+                got = states[starts[row] : starts[row] + lengths[row]]
+                beside = mixed[mixed_starts[row] : mixed_starts[row] + len(ids)]
+                torch.testing.assert_close(got, beside, atol=2e-5, rtol=1e-4)
+                want = model(torch.tensor([ids])).last_hidden_state[0]
+                torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_the_faster_kernel_is_measured_at_load_and_each_pass_takes_its_own(
+    minilm_dir, loaded_minilm, monkeypatch
+) -> None:
+    """At load both kernels are timed on the model's own matrices at a lone input's and a
+    batch's token counts; when each wins one (as on an AVX2 EPYC: oneDNN for a lone input,
+    MKL for batches) and the weights are small, both are kept and a pass takes the one for
+    its token count. The measurement is replaced here to make each win one; the states are
+    transformers' either way."""
+    from transformers import AutoModel
+
+    from warmgate_server import linear
+
+    auto = PackedBert.from_folder(minilm_dir, torch.float32)  # the real measurement
+    report = auto.kernels.as_json()
+    assert report["chosen_by"] == "measured", report
+    assert set(report["measured_ms"]) == {"onednn", "mkl"}
+    assert set(report["measured_ms"]["mkl"]) == {str(linear.SMALL_ROWS), str(linear.LARGE_ROWS)}
+
+    def split(kernels, rows, plain):
+        return {"onednn": {16: 1.0, 256: 10.0}, "mkl": {16: 2.0, 256: 5.0}}
+
+    monkeypatch.setattr(linear, "measure", split)
+    both = PackedBert.from_folder(minilm_dir, torch.float32)
+    assert both.kernels.names == ("onednn", "mkl")
+    assert both.kernels.for_rows(10).name == "onednn"
+    assert both.kernels.for_rows(300).name == "mkl"
+    monkeypatch.setattr(linear, "BOTH_LIMIT", 1)  # weights too big for two copies
+    one = PackedBert.from_folder(minilm_dir, torch.float32)
+    assert one.kernels.names == ("mkl",) and "one copy" in one.kernels.chosen_by
+
+    model = AutoModel.from_pretrained(str(minilm_dir)).eval()
+    tokenizer = loaded_minilm.tokenizer
+    lone = tokenizer(["A man is eating food."])["input_ids"]
+    batch = tokenizer(["A man is eating food. " * 8] * 12)["input_ids"]
+    with torch.inference_mode():
+        for inputs in (lone, batch):
+            states, starts, lengths = both.encode(inputs, 128, len(inputs))
+            want = model(torch.tensor(inputs)).last_hidden_state
+            for row in range(len(inputs)):
+                got = states[starts[row] : starts[row] + lengths[row]]
+                torch.testing.assert_close(got, want[row], atol=2e-5, rtol=1e-4)

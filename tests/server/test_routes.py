@@ -36,12 +36,15 @@ async def test_probes_and_reports_while_warming_then_ready(start_server) -> None
         (s["batch_size"], s["seq_len"]) for s in report["planned_shapes"]
     }
     # On a CPU: warmgate's packed pass in torch, attention over padded keys, no CUDA graphs.
+    linear = report["forward"].pop("linear")  # which kernel this CPU ran faster, measured
     assert report["forward"] == {
         "pass": "packed",
         "backend": "torch",
         "attention": "padded keys",
         "cuda_graphs": {"mode": "off", "reason": "the device is cpu"},
     }
+    assert linear["chosen_by"] == "measured" and set(linear["kernels"]) <= {"onednn", "mkl"}
+    assert set(linear["measured_ms"]) == {"onednn", "mkl"}
     # The model folder's own sentence-transformers files chose the pooling and normalisation.
     assert report["model_settings"]["pooling"] == "mean"
     assert report["model_settings"]["normalize"] is True

@@ -1,0 +1,213 @@
+"""The packed pass's linear layers on a CPU in fp32: oneDNN on weights reordered once into
+its blocked layout (the inner layer's GELU fused), or MKL (torch's `F.linear`) on the plain
+weights, whichever this CPU runs faster, measured at load on the model's own matrices.
+
+Neither always wins. On an AMD EPYC with AVX-512 oneDNN's fp32 kernels are 2.2x MKL's; on an
+AVX2 EPYC MKL is 10-15% faster for a batch's row counts (a few hundred tokens and up) and oneDNN
+27% faster for a lone short input (docs/benchmarks.md). So at load the first layer's four
+matrices are timed both ways at SMALL_ROWS and LARGE_ROWS tokens, on the model thread's own
+thread count, interleaved, medians. Each row count takes the faster kernel (oneDNN unless MKL is
+at least TIE faster: the choice should not flap with noise). When they differ and the linear
+weights are at most BOTH_LIMIT bytes, both are kept (a second copy of those weights) and a pass
+takes oneDNN below SWITCH_ROWS tokens and MKL from there; above the limit the large row count's
+kernel serves every pass (throughput decides capacity). `WARMGATE_LINEAR=onednn|mkl` fixes the
+kernel (`WARMGATE_ONEDNN=0`: mkl). GPUs and other dtypes run `F.linear` (cuBLAS).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+SMALL_ROWS = 16
+"""A lone short input's tokens."""
+LARGE_ROWS = 256
+"""A batch's tokens (32 short sentences are about 300)."""
+SWITCH_ROWS = 64
+"""With both kernels: passes of fewer tokens take the small row count's kernel."""
+BOTH_LIMIT = 512 * 2**20
+"""Keep a second copy of the linear weights only up to this size (MiniLM's are 85 MB, an
+XLM-R of multilingual-e5-base's shape 340 MB, bge-m3's 1.2 GB)."""
+TIE = 0.05
+"""MKL must be this much faster to take a row count from oneDNN."""
+RUNS = 7
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One encoder layer's weights: query, key and value fused into one matrix."""
+
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor
+    out_weight: torch.Tensor
+    out_bias: torch.Tensor
+    out_norm: tuple[torch.Tensor, torch.Tensor]
+    inner_weight: torch.Tensor
+    inner_bias: torch.Tensor
+    output_weight: torch.Tensor
+    output_bias: torch.Tensor
+    output_norm: tuple[torch.Tensor, torch.Tensor]
+
+    def matrices(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [
+            (self.qkv_weight, self.qkv_bias),
+            (self.out_weight, self.out_bias),
+            (self.inner_weight, self.inner_bias),
+            (self.output_weight, self.output_bias),
+        ]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """The layers' weights in one kernel's layout, and its two calls."""
+
+    name: str
+    layers: list[Layer]
+    linear: Linear
+    activated: Linear
+    """The inner layer: its linear layer and the activation."""
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The kernel a pass of a given token count takes, and why."""
+
+    small: Kernel
+    large: Kernel
+    switch_rows: int
+    chosen_by: str
+    measured_ms: dict[str, dict[int, float]] = field(default_factory=dict)
+    """kernel -> tokens -> ms for one layer's four matrix multiplications (a median)."""
+
+    def for_rows(self, rows: int) -> Kernel:
+        return self.small if rows < self.switch_rows else self.large
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((self.small.name, self.large.name)))
+
+    def as_json(self) -> dict[str, Any]:
+        report: dict[str, Any] = {"kernels": list(self.names), "chosen_by": self.chosen_by}
+        if len(self.names) > 1:
+            report["switch_tokens"] = self.switch_rows
+        if self.measured_ms:
+            report["measured_ms"] = {
+                name: {str(rows): round(ms, 3) for rows, ms in by_rows.items()}
+                for name, by_rows in self.measured_ms.items()
+            }
+        return report
+
+
+def _onednn_available() -> bool:
+    ops = torch.ops.mkldnn
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(ops, "_linear_pointwise")
+        and hasattr(ops, "_reorder_linear_weight")
+    )
+
+
+def mkl_kernel(layers: list[Layer], activation: Callable[[torch.Tensor], torch.Tensor]) -> Kernel:
+    return Kernel(
+        "mkl" if _is_cpu(layers) else "torch",
+        layers,
+        F.linear,
+        lambda x, weight, bias: activation(F.linear(x, weight, bias)),
+    )
+
+
+def onednn_kernel(layers: list[Layer], post_op: tuple[str, str]) -> Kernel:
+    """The layers with their four weight matrices reordered into oneDNN's blocked layout (new
+    tensors: the plain ones are freed unless the caller holds them)."""
+    reorder = torch.ops.mkldnn._reorder_linear_weight
+    reordered = [
+        replace(
+            layer,
+            qkv_weight=reorder(layer.qkv_weight, None),
+            out_weight=reorder(layer.out_weight, None),
+            inner_weight=reorder(layer.inner_weight, None),
+            output_weight=reorder(layer.output_weight, None),
+        )
+        for layer in layers
+    ]
+    call = torch.ops.mkldnn._linear_pointwise
+    attr, algorithm = post_op
+    return Kernel(
+        "onednn",
+        reordered,
+        lambda x, weight, bias: call(x, weight, bias, "none", [], ""),
+        lambda x, weight, bias: call(x, weight, bias, attr, [], algorithm),
+    )
+
+
+def _is_cpu(layers: Sequence[Layer]) -> bool:
+    return not layers or layers[0].qkv_weight.device.type == "cpu"
+
+
+def measure(kernels: Sequence[Kernel], rows: Sequence[int], plain: Layer) -> dict[str, dict]:
+    """ms per kernel and token count for `plain`'s four matrices (the kernels' first layer),
+    the kernels interleaved run by run, medians."""
+    shapes = [weight.shape for weight, _ in plain.matrices()]
+    results: dict[str, dict[int, float]] = {kernel.name: {} for kernel in kernels}
+    with torch.inference_mode():
+        for count in rows:
+            inputs = [torch.randn(count, shape[1]) for shape in shapes]
+            samples: dict[str, list[float]] = {kernel.name: [] for kernel in kernels}
+            for run in range(RUNS + 1):
+                for kernel in kernels:
+                    matrices = kernel.layers[0].matrices()
+                    started = time.perf_counter()
+                    for x, (weight, bias) in zip(inputs, matrices, strict=True):
+                        kernel.linear(x, weight, bias)
+                    if run:  # the first run of each is its warmup
+                        samples[kernel.name].append(time.perf_counter() - started)
+            for name, seconds in samples.items():
+                results[name][count] = statistics.median(seconds) * 1000.0
+    return results
+
+
+def choose(
+    layers: list[Layer],
+    device: torch.device,
+    dtype: torch.dtype,
+    activation: Callable[[torch.Tensor], torch.Tensor],
+    post_op: tuple[str, str],
+) -> Kernels:
+    """The kernels of the packed pass (see the module's docstring). `layers` hold the plain
+    weights; what is not kept of them is freed when the caller lets them go."""
+    plain = mkl_kernel(layers, activation)
+    if device.type != "cpu" or dtype != torch.float32 or not _onednn_available():
+        return Kernels(plain, plain, SWITCH_ROWS, f"{device.type}, {str(dtype)[6:]}: F.linear")
+    wanted = os.environ.get("WARMGATE_LINEAR", "auto")
+    if os.environ.get("WARMGATE_ONEDNN") == "0":
+        wanted = "mkl"
+    if wanted == "mkl":
+        return Kernels(plain, plain, SWITCH_ROWS, f"WARMGATE_LINEAR={wanted}")
+    onednn = onednn_kernel(layers, post_op)
+    if wanted == "onednn":
+        return Kernels(onednn, onednn, SWITCH_ROWS, f"WARMGATE_LINEAR={wanted}")
+    measured = measure([onednn, plain], (SMALL_ROWS, LARGE_ROWS), layers[0])
+
+    def faster(rows: int) -> Kernel:
+        mkl_ms, onednn_ms = measured["mkl"][rows], measured["onednn"][rows]
+        return plain if mkl_ms < onednn_ms * (1 - TIE) else onednn
+
+    small, large = faster(SMALL_ROWS), faster(LARGE_ROWS)
+    weight_bytes = sum(
+        weight.numel() * weight.element_size() for layer in layers for weight, _ in layer.matrices()
+    )
+    if small is not large and weight_bytes > BOTH_LIMIT:
+        small = large
+        why = f"measured; one copy of {weight_bytes / 2**20:.0f} MiB of linear weights"
+    else:
+        why = "measured"
+    return Kernels(small, large, SWITCH_ROWS, why, measured)
