@@ -109,6 +109,7 @@ class Engine:
             on_fault=on_fault,
             on_success=on_success,
             solo=self.workers.runs_solo,
+            share_load=runner.packed is not None and loaded.device.type == "cpu",
         )
 
     @property

@@ -29,6 +29,12 @@ from .shapes import ShapePolicy, bucket_for
 log = logging.getLogger(__name__)
 
 
+SHARE_MIN_INPUTS = 8
+"""share_load never cuts a batch below this many inputs: a few inputs cost a forward pass
+about as much together as apart (every pass reads all the weights), so they stay together
+(and a lone small request still runs solo)."""
+
+
 class Execute(Protocol):
     """Run a batch as a shape on a model worker (its index). `solo`: on every worker's cores;
     `pooled`: one vector per input, else every input's token states."""
@@ -132,6 +138,14 @@ class Scheduler:
     batch running, nothing queued or being tokenized) it gets every worker's cores, and no
     other batch starts until it is done. A lone small request then takes half the time on two
     cores, while under load the workers still run side by side."""
+    share_load: bool = False
+    """With several workers, a batch takes at most its fair share of the inputs in the server
+    (those queued and those running, over the workers) instead of all it can hold: a worker
+    that frees up beside a busy one and takes the whole queue leaves the other worker to run
+    the few inputs that come next in tiny batches, one after another (at 32 clients sending
+    one sentence each: batches of 30 on one worker, of 1 on the other). Only where a batch's
+    padding rows cost nothing (the packed pass on a CPU runs its real rows only): elsewhere
+    two half batches padded to one planned size would do twice the work."""
     _pending: dict[Lane, deque[_Item]] = field(default_factory=dict)
     _arrival: asyncio.Event = field(default_factory=asyncio.Event)
     _order: itertools.count = field(default_factory=itertools.count)
@@ -140,6 +154,8 @@ class Scheduler:
     _worker_freed: asyncio.Event = field(default_factory=asyncio.Event)
     _running: set[asyncio.Task[None]] = field(default_factory=set)
     _active: int = 0
+    _running_inputs: int = 0
+    """Inputs of the batches running now."""
     _solo: bool = False
     served: Counter[Shape] = field(default_factory=Counter)
     """Shapes run for requests (warmup excluded), with counts: the /warmup/profile."""
@@ -214,9 +230,17 @@ class Scheduler:
         assert best is not None
         return best[1]
 
+    def _share(self, capacity: int) -> int:
+        """How many inputs the next batch may take: all it holds, or with share_load the
+        workers' fair share of the inputs queued and running (at least one)."""
+        if not self.share_load or self.workers < 2:
+            return capacity
+        fair = -(-(self._queued + self._running_inputs) // self.workers)
+        return min(capacity, max(SHARE_MIN_INPUTS, fair))
+
     def _take(self, lane: Lane) -> list[_Item]:
         """Up to a batch of inputs of `lane`'s kind that fit its bucket, oldest first."""
-        capacity = self.policy.capacity(lane.bucket)
+        capacity = self._share(self.policy.capacity(lane.bucket))
         sources = [
             items
             for key, items in self._pending.items()
@@ -299,6 +323,7 @@ class Scheduler:
     def _start(self, batch: list[_Item], worker: int, solo: bool = False) -> None:
         # Counted before the task first runs, so the loop's next choice already sees it.
         self._active += 1
+        self._running_inputs += len(batch)
         self._solo = solo  # when solo, the loop starts nothing else until it ends
         task = asyncio.create_task(self._run_on(batch, worker, solo))
         self._running.add(task)
@@ -311,6 +336,7 @@ class Scheduler:
             # Before any awaiting request resumes: a caller that got its vectors sees the
             # worker free and, with nothing queued, the scheduler idle.
             self._active -= 1
+            self._running_inputs -= len(batch)
             if solo:
                 self._solo = False
             self._free.append(worker)

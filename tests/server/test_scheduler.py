@@ -175,6 +175,47 @@ async def test_two_workers_run_two_batches_at_once_and_one_worker_runs_them_in_t
             loop_task.cancel()
 
 
+@pytest.mark.parametrize("share_load", [False, True])
+async def test_a_worker_that_frees_beside_a_busy_one_takes_its_fair_share(share_load) -> None:
+    """One input runs on worker 0 (held there); 18 single-input requests queue. Without
+    share_load worker 1 takes all it can hold (16) and leaves the rest in a batch of two; with
+    it, worker 1 takes half of what is queued and running (10 of 19), and when worker 0 frees
+    it takes the other 8: two batches of near equal size, side by side, instead of one worker
+    running the crumbs. The packed pass on a CPU runs real rows only, so halves cost half."""
+    plan = plan_warmup([1, 8, 16], [16], 1024, 16).shapes
+    policy = ShapePolicy.build([16], 16, 1024, False, plan)
+    releases = [asyncio.Event(), asyncio.Event()]
+    started = [asyncio.Event() for _ in range(3)]  # the first three batches began
+    ran: list[tuple[int, int]] = []  # (worker, inputs)
+
+    async def execute(batch, shape, worker, *, solo, pooled):
+        ran.append((worker, len(batch)))
+        if len(ran) <= len(started):
+            started[len(ran) - 1].set()
+        if len(ran) <= 2:
+            await releases[len(ran) - 1].wait()  # the first two batches run until released
+        return BatchResult(np.zeros((len(batch), 3), np.float32), 0.001, first_time=False)
+
+    scheduler = Scheduler(
+        policy, execute, Metrics(), 0.0, max_queued_inputs=64, workers=2, share_load=share_load
+    )
+    loop_task = asyncio.create_task(scheduler.run())
+    try:
+        first = asyncio.create_task(scheduler.submit([ids(1, 8)]))
+        await started[0].wait()
+        rest = [asyncio.create_task(scheduler.submit([ids(2 + i, 8)])) for i in range(18)]
+        await started[1].wait()
+        releases[0].set()  # worker 0 frees while worker 1 still runs its batch
+        await started[2].wait()
+        releases[1].set()
+        await asyncio.gather(first, *rest)
+    finally:
+        loop_task.cancel()
+    sizes = [inputs for _worker, inputs in ran]
+    assert sizes == ([1, 10, 8] if share_load else [1, 16, 2]), ran
+    assert {worker for worker, _inputs in ran[:2]} == {0, 1}
+
+
 async def test_a_lone_small_batch_runs_solo_and_nothing_starts_beside_it() -> None:
     """A solo batch gets every worker's cores (the engine's threads); under load the workers
     run side by side again, and a batch that arrives during a solo one waits for it."""
