@@ -234,7 +234,17 @@ class Router:
                 "(autoscaling.scaleToZero): scale it up to serve",
                 "no_replicas",
             )
-        if self.config.hold_seconds <= 0 or self.held >= self.config.max_held_requests:
+        if at_zero:  # woken even when this request is not held: its retry finds a pod
+            await self.wake(key)
+        if self.config.hold_seconds <= 0:
+            raise Refused(
+                503,
+                f"EmbeddingService {label} has no warm pod yet and this router holds no "
+                "request (--hold-seconds 0): retry later",
+                "no_warm_pod",
+                RETRY_AFTER_SECONDS,
+            )
+        if self.held >= self.config.max_held_requests:
             raise Refused(
                 503,
                 f"EmbeddingService {label} has no warm pod yet and the router holds "
@@ -243,8 +253,6 @@ class Router:
                 "no_warm_pod",
                 RETRY_AFTER_SECONDS,
             )
-        if at_zero:
-            await self.wake(key)
         started = time.monotonic()
         self.held += 1
         gauge = self.metrics.held.labels(service=label)

@@ -397,6 +397,17 @@ async def test_holding_is_bounded_in_time_and_count_and_ends_when_the_client_lea
             body = await resp.json()
             assert resp.status == 503 and "does not scale from zero" in body["error"]["message"]
 
+    r = await rig(hold_seconds=0)  # a router that holds nothing says so
+    names(r.view, [es("docs")], [])
+    async with aiohttp.ClientSession() as session:
+        started = time.monotonic()
+        body = {"model": "docs", "input": "x"}
+        async with session.post(r.url + "/v1/embeddings", json=body) as resp:
+            error = (await resp.json())["error"]
+            assert resp.status == 503 and resp.headers["Retry-After"] == "5"
+            assert "holds no request (--hold-seconds 0)" in error["message"], error
+        assert time.monotonic() - started < 1
+
     r = await rig(hold_seconds=30, max_held_requests=1)
     names(r.view, [es("docs")], [])
     async with aiohttp.ClientSession() as first, aiohttp.ClientSession() as second:
