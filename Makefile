@@ -134,6 +134,10 @@ bench-server: install ## Cold vs warm first requests; throughput vs sentence-tra
 bench-models: install ## XLM-R of multilingual-e5-base's shape: warmgate vs Infinity; bge-m3's shape: ready time, memory
 	$(PY) bench/server/bench_models.py $(BENCH_ARGS)
 
+.PHONY: bench-server-ab
+bench-server-ab: install ## The server of this checkout against an earlier commit's (BENCH_ARGS="--baseline REV --model DIR"), alternating
+	$(PY) bench/server/bench_ab.py $(BENCH_ARGS)
+
 .PHONY: bench-compile-cache
 bench-compile-cache: install ## runtime.backend onnxruntime on the e5-base shape: first start against a restart with --compile-cache
 	$(PY) bench/server/bench_compile_cache.py $(BENCH_ARGS)
