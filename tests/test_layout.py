@@ -60,6 +60,8 @@ ACROSS_MODULES = {
     "operator/test_crd.py",  # the CRD file
     "operator/test_cluster_crd.py",  # the CRD on a real apiserver
     "operator/test_cluster_operator.py",  # the operator process on a real apiserver
+    "router/test_activity.py",  # the router's activity stamps against the operator's idle.py
+    "server/test_model_folders.py",  # model folders (layouts, checkpoints, refusals) over HTTP
     "server/test_models.py",  # the model families (docs/models.md): loading, head, packed, runner
     "server/test_requests.py",  # routes.py and schemas.py on one shared warm app (test_routes.py)
 }
