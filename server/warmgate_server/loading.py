@@ -132,7 +132,8 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
     except modelconfig.ModelConfigError as error:
         raise ModelLoadError(str(error)) from None
     # Code the folder points at: without --trust-remote-code, only transformers' own class
-    # for its model type may serve it, and only if it loads the checkpoint exactly.
+    # for its model type may serve it, and only if it loads the checkpoint exactly and does
+    # not attend causally (a decoder's own code may attend both ways: gte-Qwen2).
     custom = [] if config.trust_remote_code else _custom_code(path)
     if any(item.startswith("tokenizer_config.json") for item in custom):
         raise _custom_code_refused(config, custom)
@@ -150,6 +151,14 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
             if custom:
                 raise _custom_code_refused(config, custom, str(error)) from None
             raise
+        if custom and _attends_causally(model):
+            raise _custom_code_refused(
+                config,
+                custom,
+                f"{type(model).__name__} loads the checkpoint but attends causally, and a "
+                "decoder's own code often attends both ways (gte-Qwen2 does): the weights "
+                "alone cannot tell which vectors it was trained to give",
+            )
         if custom:
             log.warning(
                 "%s names custom code (%s), but transformers' own %s loads its checkpoint "
@@ -326,6 +335,12 @@ def _usable_positions(model: Any) -> int | None:
         ):
             return positions - (padding_idx + 1)
     return positions
+
+
+def _attends_causally(model: Any) -> bool:
+    """Whether transformers' class attends causally (a decoder: Qwen2, Llama, Mistral, Gemma 3
+    without bidirectional attention); transformers marks each attention module."""
+    return any(getattr(module, "is_causal", False) is True for module in model.modules())
 
 
 def _custom_code(path: Path) -> list[str]:

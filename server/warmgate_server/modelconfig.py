@@ -226,7 +226,7 @@ def pooling_modes(config: Mapping[str, Any], relative: str) -> tuple[str, ...]:
             raise ModelConfigError(
                 f"{relative}: pooling_mode {raw!r} is neither a mode nor a list of modes"
             )
-        unknown = [mode for mode in modes if mode not in ST_MODES]
+        unknown = [mode for mode in modes if not isinstance(mode, str) or mode not in ST_MODES]
         if unknown:
             raise ModelConfigError(
                 f"{relative}: pooling_mode {', '.join(map(repr, unknown))} is not a "

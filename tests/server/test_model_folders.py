@@ -263,6 +263,24 @@ async def test_custom_code_whose_checkpoint_the_builtin_class_loads_exactly_is_s
     assert cosine(await embed(client, zoo.TEXTS), expected).min() >= MIN_COSINE
 
 
+async def test_custom_code_on_a_decoder_is_refused_though_the_builtin_class_loads_it(
+    aiohttp_client, zoo_root: Path, tmp_path: Path
+) -> None:
+    """A decoder's checkpoint that transformers' own class loads exactly may still be
+    served wrong by it: gte-Qwen2's own code attends both ways, Qwen2Model causally, with the
+    same weights. So custom code on a class that attends causally is refused without the
+    field, naming why, instead of served as the built-in decoder."""
+    folder = copy_of(zoo.build("qwen3", "current", zoo_root), tmp_path / "model")
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "modeling_qwen.Qwen2Model"}
+    (folder / "config.json").write_text(json.dumps(config))
+    _client, ready = await serve(aiohttp_client, folder)
+    error = _refused(ready)
+    assert "config.json auto_map AutoModel: modeling_qwen.Qwen2Model" in error, error
+    assert "Qwen3Model loads the checkpoint but attends causally" in error, error
+    assert "spec.model.trustRemoteCode: true" in error, error
+
+
 async def test_a_transformer_loaded_other_than_from_the_folders_root_is_refused(
     aiohttp_client, zoo_root: Path, tmp_path: Path
 ) -> None:

@@ -129,6 +129,8 @@ async def test_a_pooling_mode_that_cannot_be_read_is_refused_even_with_a_flag(
     for config, expected in (
         ({"embedding_dimension": 384, "pooling_mode": "median"}, "pooling_mode 'median'"),
         ({"embedding_dimension": 384, "pooling_mode": ["cls", "p90"]}, "pooling_mode 'p90'"),
+        ({"embedding_dimension": 384, "pooling_mode": [["cls"]]}, "pooling_mode ['cls']"),
+        ({"embedding_dimension": 384, "pooling_mode": 1}, "pooling_mode 1 is neither"),
         ({"word_embedding_dimension": 384}, "names no pooling mode"),
         ({"pooling_mode_attention_tokens": True}, "pooling_mode_attention_tokens"),
     ):
