@@ -245,6 +245,36 @@ async def test_a_dense_activation_outside_torch_is_custom_code(
     assert cosine(await embed(client, zoo.TEXTS), expected).min() >= MIN_COSINE
 
 
+async def test_a_dense_module_whose_weights_do_not_fit_it_is_refused_with_their_names(
+    aiohttp_client, zoo_root: Path, tmp_path: Path
+) -> None:
+    """A Dense module is loaded exactly or not at all, as the encoder is: a weight missing
+    or left unused, or a matrix of another shape than its config.json says, is refused with
+    the module's folder and the names, never served with random or dropped weights."""
+    from safetensors.torch import load_file, save_file
+
+    source = zoo.build("gemma3-dense", "current", zoo_root)
+    state = load_file(str(source / "2_Dense" / "model.safetensors"))
+    assert set(state) == {"linear.weight", "linear.bias"}
+    cases = {
+        "missing": ({"linear.weight": state["linear.weight"]}, {},
+                    "2_Dense: weights missing (linear.bias) or unused (none)"),
+        "unused": ({**state, "extra.weight": state["linear.bias"]}, {},
+                   "2_Dense: weights missing (none) or unused (extra.weight)"),
+        "shape": (state, {"out_features": 128},
+                  "2_Dense: linear.weight is (256, 64), not (128, 64) as its config.json says"),
+    }  # fmt: skip
+    for name, (weights, config_change, expected) in cases.items():
+        folder = copy_of(source, tmp_path / name)
+        save_file({key: value.clone() for key, value in weights.items()},
+                  str(folder / "2_Dense" / "model.safetensors"))  # fmt: skip
+        config_file = folder / "2_Dense" / "config.json"
+        config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **config_change}))
+        _client, ready = await serve(aiohttp_client, folder)
+        error = _refused(ready)
+        assert expected in error, (name, error)
+
+
 async def test_custom_code_whose_checkpoint_the_builtin_class_loads_exactly_is_served(
     aiohttp_client, zoo_root: Path, tmp_path: Path
 ) -> None:

@@ -195,34 +195,41 @@ async def test_weights_missing_or_unused_fail_the_load_with_their_names(
             assert key in ready["error"], ready["error"]
 
 
-async def test_an_xlm_roberta_limit_from_its_position_embeddings_holds(
-    aiohttp_client, zoo_root: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    ("name", "limit"),
+    [("xlm-roberta-cls", 64), ("camembert", 64), ("roberta-bpe", 128),
+     ("roberta-wordpiece", 128), ("mpnet", 128)],
+)  # fmt: skip
+async def test_a_limit_from_the_position_embeddings_holds_with_their_offset(
+    aiohttp_client, zoo_root: Path, tmp_path: Path, name: str, limit: int
 ) -> None:
     """XLM-R's position ids start at pad_token_id + 1: a model of 66 position embeddings and
     no other stated limit holds 64 tokens. An input of exactly 64 runs on both forward passes;
-    65 is refused with a 4xx, or cut to 64 when truncating (it used to be an IndexError)."""
+    65 is refused with a 4xx, or cut to 64 when truncating (it used to be an IndexError).
+    CamemBERT, RoBERTa (both tokenizers) and MPNet count their positions the same way (130
+    position embeddings hold 128 tokens)."""
     import shutil
 
     from transformers import AutoTokenizer
 
-    folder = tmp_path / "xlmr"
-    shutil.copytree(zoo.build("xlm-roberta-cls", "current", zoo_root), folder)
+    folder = tmp_path / name
+    shutil.copytree(zoo.build(name, "current", zoo_root), folder)
     tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
     tokenizer_config.pop("model_max_length", None)
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     ids = tokenizer(zoo.TEXTS[-1])["input_ids"]
-    assert len(ids) > 70
-    exact = [*ids[:63], ids[-1]]  # <s>, 62 tokens of text, </s>
-    over = [*ids[:64], ids[-1]]
+    assert len(ids) > limit + 6
+    exact = [*ids[: limit - 1], ids[-1]]  # <s>, limit - 2 tokens of text, </s>
+    over = [*ids[:limit], ids[-1]]
     from sentence_transformers import SentenceTransformer
 
     reference_model = SentenceTransformer(str(folder), device="cpu")
-    reference_model.max_seq_length = 64
+    reference_model.max_seq_length = limit
     expected = reference_model.encode(zoo.TEXTS[-1:])
     buckets = ["--sequence-buckets", "16,32,64,128", "--warmup-batch-sizes", "1,2"]
     for packing in ("auto", "off"):
-        # The OpenAI route takes the model's own ids here (the ids of exactly 64 tokens).
+        # The OpenAI route takes the model's own ids here (the ids of exactly `limit` tokens).
         argv = [
             "--model", str(folder), "--device", "cpu", "--packing", packing,
             "--openai-token-ids", "model", *buckets,
@@ -232,17 +239,17 @@ async def test_an_xlm_roberta_limit_from_its_position_embeddings_holds(
         ready = await wait_for_phase(client, {"ready", "failed"})
         assert ready["phase"] == "ready", ready.get("error")
         settings = ready["model_settings"]
-        assert settings["max_input_length"] == 64
+        assert settings["max_input_length"] == limit
         assert "max_position_embeddings" in settings["chosen_by"]["max_input_length"]
         fits = await client.post("/v1/embeddings", json={"input": [exact]})
         assert fits.status == 200, await fits.text()
         too_long = await client.post("/v1/embeddings", json={"input": [over]})
         assert 400 <= too_long.status < 500
-        assert "above the limit of 64" in (await too_long.json())["error"]["message"]
+        assert f"above the limit of {limit}" in (await too_long.json())["error"]["message"]
         cut = await client.post("/embed", json={"inputs": zoo.TEXTS[-1], "truncate": True})
         assert cut.status == 200, await cut.text()
         # Cut to the limit, the text is `exact`; both are sentence-transformers' vector of the
-        # text at max_seq_length 64.
+        # text at max_seq_length `limit`.
         at_limit = np.array([(await fits.json())["data"][0]["embedding"]])
         assert cosine(np.array(await cut.json()), at_limit).min() >= MIN_COSINE
         assert cosine(at_limit, expected).min() >= MIN_COSINE
