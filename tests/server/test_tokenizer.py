@@ -7,9 +7,11 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from warmgate_server import zoo
 from warmgate_server.tokenizer import BertTokenizer
 
 TEXTS = [
@@ -191,16 +193,22 @@ def test_xlm_roberta_folders_transformers_could_build_otherwise_are_refused(
         load_fast(rewrite(xlmr["sentencepiece"], tmp_path, name, change))
 
 
-@pytest.mark.parametrize("family", ["bert", "xlm-roberta"])
-def test_a_packed_server_process_never_imports_transformers(minilm_dir, xlmr, family: str) -> None:
-    """What the direct tokenizers are for: loading MiniLM, or an XLM-R model (bge-m3's and
-    multilingual-e5's path), for serving on the CPU (packed forward pass, tokenizer.json)
-    leaves transformers unimported: a second or more of CPU less per pod start (more for a
-    250,000-piece XLM-R tokenizer, which transformers rebuilds from a Python list)."""
-    folder, name = {
-        "bert": (minilm_dir, "BertTokenizer"),
-        "xlm-roberta": (xlmr["current"], "XLMRobertaTokenizer"),
-    }[family]
+@pytest.mark.parametrize("family", ["bert", "xlm-roberta", "roberta-wordpiece"])
+def test_a_packed_server_process_never_imports_transformers(
+    minilm_dir, xlmr, tmp_path: Path, family: str
+) -> None:
+    """What the direct tokenizers are for: loading MiniLM, an XLM-R model (bge-m3's and
+    multilingual-e5's path) or a RoBERTa with KLUE's WordPiece tokenizer (ko-sroberta's) for
+    serving on the CPU (packed forward pass, tokenizer.json) leaves transformers unimported: a
+    second or more of CPU less per pod start (more for a 250,000-piece XLM-R tokenizer, which
+    transformers rebuilds from a Python list)."""
+    if family == "roberta-wordpiece":
+        folder, name = zoo.build(family, "current", tmp_path), "BertTokenizer"
+    else:
+        folder, name = {
+            "bert": (minilm_dir, "BertTokenizer"),
+            "xlm-roberta": (xlmr["current"], "XLMRobertaTokenizer"),
+        }[family]
     script = (
         "import sys\n"
         "from warmgate_server.config import parse_config\n"
