@@ -11,10 +11,12 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
-from support.server import pooled
+from support.server import dense_pooled, pooled
 
+from warmgate_server import zoo
 from warmgate_server.packed import PackedBert
 
 TEXTS = [
@@ -158,3 +160,42 @@ def test_the_faster_kernel_is_measured_at_load_and_each_pass_takes_its_own(
             for row in range(len(inputs)):
                 got = states[starts[row] : starts[row] + lengths[row]]
                 torch.testing.assert_close(got, want[row], atol=2e-5, rtol=1e-4)
+
+
+ROBERTA_FAMILIES = ["xlm-roberta-cls", "roberta-bpe", "roberta-wordpiece", "camembert"]
+
+
+@pytest.mark.parametrize("family", ROBERTA_FAMILIES)
+def test_the_gpus_passes_give_the_cpus_states_for_the_roberta_family(
+    tmp_path_factory: pytest.TempPathFactory, family: str
+) -> None:
+    """The RoBERTa family's position ids start at pad_token_id + 1, on every pass: the
+    variable-length (flash) attention pass and the static pass a CUDA graph captures give the
+    states of the CPU's padded-keys pass (which the zoo's tests hold to sentence-transformers),
+    up to each input's longest allowed length and with a padding row."""
+    from transformers import AutoTokenizer
+
+    folder = zoo.build(family, "current", tmp_path_factory.mktemp("zoo"))
+    padded_keys = PackedBert.from_folder(folder, torch.float32)
+    varlen = PackedBert.from_folder(folder, torch.float32)
+    varlen.varlen = reference_varlen
+    assert padded_keys.offset == 2  # pad_token_id 1 in these tokenizers
+    limit = padded_keys.max_positions
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    token_lists = [ids[:limit] for ids in tokenizer(zoo.TEXTS)["input_ids"]]
+    assert max(map(len, token_lists)) == limit  # the long text runs at the limit itself
+    rows = len(token_lists) + 1  # one padding row
+    with torch.inference_mode():
+        for pooling in ("mean", "cls", "none"):
+            expected = pooled(padded_keys, token_lists, limit, rows, pooling)
+            got = pooled(varlen, token_lists, limit, rows, pooling)
+            torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+        ids = torch.full((len(token_lists), limit), tokenizer.pad_token_id, dtype=torch.int64)
+        mask = torch.zeros(len(token_lists), limit, dtype=torch.int64)
+        for row, tokens in enumerate(token_lists):
+            ids[row, : len(tokens)] = torch.tensor(tokens)
+            mask[row, : len(tokens)] = 1
+        for pooling in ("mean", "cls"):
+            expected = pooled(padded_keys, token_lists, limit, len(token_lists), pooling)
+            got = dense_pooled(padded_keys, ids, mask, pooling)
+            torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
