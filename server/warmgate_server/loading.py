@@ -151,15 +151,15 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
             if custom:
                 raise _custom_code_refused(config, custom, str(error)) from None
             raise
-        if custom and _attends_causally(model):
-            raise _custom_code_refused(
-                config,
-                custom,
-                f"{type(model).__name__} loads the checkpoint but attends causally, and a "
-                "decoder's own code often attends both ways (gte-Qwen2 does): the weights "
-                "alone cannot tell which vectors it was trained to give",
-            )
         if custom:
+            if _attends_causally(model):
+                raise _custom_code_refused(
+                    config,
+                    custom,
+                    f"{type(model).__name__} loads the checkpoint but attends causally, and a "
+                    "decoder's own code often attends both ways (gte-Qwen2 does): the weights "
+                    "alone cannot tell which vectors it was trained to give",
+                )
             log.warning(
                 "%s names custom code (%s), but transformers' own %s loads its checkpoint "
                 "exactly: serving it with that class",

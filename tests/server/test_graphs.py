@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
-from support.server import QUICK_SETTLE, dense_pooled, pooled
+from support.server import QUICK_SETTLE, dense_pooled, padded_batch, pooled
 
 from warmgate_contract.report import WARMING
 from warmgate_contract.shapes import Shape
@@ -48,17 +48,6 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1)
 
 
-def _padded(token_lists: list[list[int]], rows: int, seq_len: int, pad: int, filler: int):
-    ids = torch.full((rows, seq_len), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, tokens in enumerate(token_lists):
-        ids[row, : len(tokens)] = torch.tensor(tokens)
-        mask[row, : len(tokens)] = 1
-    ids[len(token_lists) :, 0] = filler
-    mask[len(token_lists) :, 0] = 1
-    return ids, mask
-
-
 @pytest.mark.parametrize(
     ("dtype", "tolerance"), [(torch.float32, 0.99999), (torch.bfloat16, 0.995)]
 )
@@ -70,7 +59,7 @@ def test_the_static_pass_a_graph_captures_equals_sentence_transformers(
     packed = PackedBert.from_folder(minilm_dir, dtype)
     tokenizer = loaded_minilm.tokenizer
     token_lists = tokenizer(TEXTS)["input_ids"]
-    ids, mask = _padded(token_lists, 8, 64, loaded_minilm.pad_token_id, 101)
+    ids, mask = padded_batch(token_lists, 8, 64, loaded_minilm.pad_token_id, 101)
     with torch.inference_mode():
         vectors = dense_pooled(packed, ids, mask, "mean")[: len(TEXTS)].numpy()
     reference = sentence_transformer.encode(TEXTS, convert_to_numpy=True)
@@ -82,7 +71,7 @@ def test_the_static_pass_pools_as_the_packed_pass(loaded_minilm, pooling: str) -
     """mean, cls and last-token pooling of the static pass equal the padding-free pass's."""
     packed = loaded_minilm.packed
     token_lists = loaded_minilm.tokenizer(TEXTS)["input_ids"]
-    ids, mask = _padded(token_lists, 4, 64, loaded_minilm.pad_token_id, 101)
+    ids, mask = padded_batch(token_lists, 4, 64, loaded_minilm.pad_token_id, 101)
     with torch.inference_mode():
         dense = dense_pooled(packed, ids, mask, pooling).numpy()
         packed_vectors = pooled(packed, token_lists, 64, 4, pooling).numpy()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from support.server import dense_pooled, pooled
+from support.server import dense_pooled, padded_batch, pooled
 
 from warmgate_server import zoo
 from warmgate_server.packed import PackedBert
@@ -74,11 +74,7 @@ def test_onednn_linear_layers_give_mkls_states(minilm_dir, loaded_minilm, monkey
     assert onednn.onednn and not plain.onednn
     assert onednn.kernels.names == ("onednn",) and plain.kernels.names == ("mkl",)
     token_lists = loaded_minilm.tokenizer(TEXTS)["input_ids"]
-    ids = torch.zeros(3, 32, dtype=torch.int64)
-    mask = torch.zeros(3, 32, dtype=torch.int64)
-    for row, tokens in enumerate(token_lists):
-        ids[row, : len(tokens)] = torch.tensor(tokens)
-        mask[row, : len(tokens)] = 1
+    ids, mask = padded_batch(token_lists, 3, 32)
     with torch.inference_mode():
         for pooling in ("mean", "cls"):
             expected = pooled(plain, token_lists, 32, 4, pooling)
@@ -190,11 +186,7 @@ def test_the_gpus_passes_give_the_cpus_states_for_the_roberta_family(
             expected = pooled(padded_keys, token_lists, limit, rows, pooling)
             got = pooled(varlen, token_lists, limit, rows, pooling)
             torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
-        ids = torch.full((len(token_lists), limit), tokenizer.pad_token_id, dtype=torch.int64)
-        mask = torch.zeros(len(token_lists), limit, dtype=torch.int64)
-        for row, tokens in enumerate(token_lists):
-            ids[row, : len(tokens)] = torch.tensor(tokens)
-            mask[row, : len(tokens)] = 1
+        ids, mask = padded_batch(token_lists, len(token_lists), limit, tokenizer.pad_token_id)
         for pooling in ("mean", "cls"):
             expected = pooled(padded_keys, token_lists, limit, len(token_lists), pooling)
             got = dense_pooled(padded_keys, ids, mask, pooling)

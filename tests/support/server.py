@@ -62,3 +62,19 @@ def dense_pooled(packed, ids, mask, pooling: str):
 
     head = Head((pooling,), (), packed.hidden, packed.device)
     return head.padded(packed.dense(ids, mask), mask)
+
+
+def padded_batch(token_lists, rows: int, seq_len: int, pad: int = 0, filler: int | None = None):
+    """A (rows, seq_len) batch of token ids and its 0/1 attention mask, as the static pass
+    takes it; rows past the inputs get one `filler` token each (padding rows) when given."""
+    import torch
+
+    ids = torch.full((rows, seq_len), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, tokens in enumerate(token_lists):
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        mask[row, : len(tokens)] = 1
+    if filler is not None:
+        ids[len(token_lists) :, 0] = filler
+        mask[len(token_lists) :, 0] = 1
+    return ids, mask
