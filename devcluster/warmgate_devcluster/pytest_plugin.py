@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -41,6 +42,9 @@ class DevClusterHandle:
     bin_dir: Path
     state_dir: Path
     start_seconds: float = 0.0
+    # Why the cluster can no longer run tests, once a health check found it broken: every later
+    # test that needs it fails at once with this, instead of waiting out its own timeout.
+    broken: str | None = None
     _clients: list = field(default_factory=list)
     _api: ApiClient | None = None
 
@@ -127,6 +131,85 @@ class DevClusterHandle:
     def close(self) -> None:
         for client in self._clients:
             client.close()
+
+    def unhealthy(self) -> list[str]:
+        """The components that are not running or not healthy, each with its detail."""
+        return [
+            f"{c.name} {'unhealthy' if c.running else 'not running'} ({c.detail})"
+            for c in self.cluster.status()
+            if not c.healthy
+        ]
+
+    def require_healthy(self, before: str, grace: float = 30.0) -> None:
+        """Fail the test about to run if the cluster is broken: a component not running or not
+        healthy for `grace` seconds (a test that restarts one leaves it a moment to come back)."""
+        if self.broken:
+            pytest.fail(self.broken, pytrace=False)
+        deadline = time.monotonic() + grace
+        while (found := self.unhealthy()) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        if found:
+            self.broken = (
+                f"the session's devcluster is broken (found before {before}): "
+                + "; ".join(found)
+                + f"; free disk: {free_disk(self.state_dir)}; its logs: {self.state_dir / 'logs'}"
+            )
+            pytest.fail(self.broken, pytrace=False)
+
+    def snapshot(self) -> str:
+        """What a failed test's report shows of the cluster: unhealthy components, the node's
+        pressure conditions, pods that are not running and ready, the latest warning events."""
+        lines = [f"components: {'; '.join(self.unhealthy()) or 'all healthy'}"]
+        lines.append(f"free disk: {free_disk(self.state_dir)}")
+
+        def kubectl(*args: str) -> list[str]:
+            result = self.kubectl(*args, check=False, timeout=20)
+            return (result.stdout or result.stderr).strip().splitlines()
+
+        conditions = (
+            'jsonpath={range .items[*].status.conditions[?(@.status=="True")]}'
+            '{.type}: {.message}{"\\n"}{end}'
+        )
+        lines += [
+            f"node condition {line}"
+            for line in kubectl("get", "nodes", "-o", conditions)
+            if not line.startswith("Ready:")
+        ]
+        pods = [
+            line
+            for line in kubectl("get", "pods", "-A", "-o", "wide", "--no-headers")
+            if not re.search(r"\s(\d+)/\1\s+Running\s", line)
+        ]
+        lines.append(f"pods not running and ready ({len(pods)}):")
+        lines += [f"  {line}" for line in pods[:30]]
+        events = kubectl(
+            "get", "events", "-A", "--field-selector=type!=Normal",
+            "--sort-by=.lastTimestamp", "--no-headers",
+        )  # fmt: skip
+        lines.append(f"latest warning events ({len(events)}):")
+        lines += [f"  {line[:300]}" for line in events[-20:]]
+        return "\n".join(lines)
+
+
+def free_disk(path: Path) -> str:
+    usage = shutil.disk_usage(path)
+    return f"{usage.free / 2**30:.1f} GiB of {usage.total / 2**30:.0f} at {path}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used the session's devcluster carries the cluster's state in its
+    report: what broke is read there, not guessed from a timeout."""
+    outcome = yield
+    report = outcome.get_result()
+    handle = getattr(item, "funcargs", {}).get("devcluster")
+    if not report.failed or not isinstance(handle, DevClusterHandle):
+        return
+    try:
+        text = handle.snapshot()
+    except Exception as error:  # the report must not hide the test's failure
+        text = f"(the snapshot failed: {error!r})"
+    report.sections.append(("devcluster when the test failed", text))
 
 
 SLOTS = range(2, 15)  # 13 slots; the default (`make up`) cluster uses network 1
@@ -237,8 +320,10 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevClusterH
 
 
 @pytest.fixture
-def namespace(devcluster: DevClusterHandle) -> Iterator[str]:
-    """A fresh namespace (with its default ServiceAccount), deleted after the test."""
+def namespace(devcluster: DevClusterHandle, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace (with its default ServiceAccount), deleted after the test. The test
+    fails at once if the session's cluster is broken."""
+    devcluster.require_healthy(before=request.node.nodeid)
     name = f"t-{uuid.uuid4().hex[:10]}"
     api = devcluster.api
     namespaces = kubeapi.resource_path("v1", "namespaces")

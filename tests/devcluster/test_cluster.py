@@ -39,7 +39,7 @@ from warmgate_devcluster.cluster import (
     mounts_under,
 )
 from warmgate_devcluster.images import BASE
-from warmgate_devcluster.pytest_plugin import isolated_config, reserve_slot
+from warmgate_devcluster.pytest_plugin import DevClusterHandle, isolated_config, reserve_slot
 from warmgate_devcluster.testkit import audit_writes, describe_audit, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -412,6 +412,23 @@ def test_the_next_up_removes_what_a_killed_cluster_left(tmp_path):
     try:
         killed.up(log=lambda *_: None)
         run_a_pod(killed, "orphan")
+
+        # One component dying mid-session (kube-proxy here) breaks the cluster for the tests
+        # after it: the next test that needs it fails at once, naming the component, and the
+        # one after that without checking again, instead of each waiting out its own timeout.
+        handle = DevClusterHandle.of(killed)
+        os.kill(killed.records()["kube-proxy"].pid, signal.SIGKILL)
+        with pytest.raises(pytest.fail.Exception, match="kube-proxy not running") as first:
+            handle.require_healthy(before="the next test", grace=2)
+        assert "the next test" in str(first.value) and "free disk" in str(first.value)
+        began = time.monotonic()
+        with pytest.raises(pytest.fail.Exception) as second:
+            handle.require_healthy(before="the test after it")
+        assert str(second.value) == str(first.value) and time.monotonic() - began < 1
+        # A failed test's report shows the cluster: the dead component, the pods.
+        snapshot = handle.snapshot()
+        assert "kube-proxy not running" in snapshot and "pods not running and ready" in snapshot
+
         for _ in range(10):  # kubelet or a shim may start something while the others die
             pids = killed.all_pids()
             if not pids:
