@@ -11,7 +11,14 @@ at least TIE faster: the choice should not flap with noise). When they differ an
 weights are at most BOTH_LIMIT bytes, both are kept (a second copy of those weights) and a pass
 takes oneDNN below SWITCH_ROWS tokens and MKL from there; above the limit the large row count's
 kernel serves every pass (throughput decides capacity). `WARMGATE_LINEAR=onednn|mkl` fixes the
-kernel (`WARMGATE_ONEDNN=0`: mkl). GPUs and other dtypes run `F.linear` (cuBLAS).
+kernel (`WARMGATE_ONEDNN=0`: mkl).
+
+bfloat16 on a CPU is chosen the same way, between oneDNN on reordered weights and torch's own
+`F.linear` (named `aten`: it is not MKL in bfloat16), where oneDNN has bfloat16 kernels for
+this CPU (AVX512_BF16, AMX or AVX2 with VNNI-style emulation: torch says which). On the Zen 4
+EPYC (AVX512_BF16) the reordered bfloat16 matrices run at 1.95x fp32 oneDNN's rate at 42 and
+256 tokens on one thread, and 1.3x `F.linear`'s at 42 (docs/benchmarks.md). GPUs and float16
+run `F.linear` (cuBLAS).
 """
 
 from __future__ import annotations
@@ -107,18 +114,30 @@ class Kernels:
         return report
 
 
-def _onednn_available() -> bool:
+def _onednn_available(dtype: torch.dtype) -> bool:
     ops = torch.ops.mkldnn
-    return (
+    if not (
         torch.backends.mkldnn.is_available()
         and hasattr(ops, "_linear_pointwise")
         and hasattr(ops, "_reorder_linear_weight")
-    )
+    ):
+        return False
+    if dtype == torch.float32:
+        return True
+    if dtype == torch.bfloat16:
+        supported = getattr(ops, "_is_mkldnn_bf16_supported", None)
+        return bool(supported is not None and supported())
+    return False
 
 
 def mkl_kernel(layers: list[Layer], activation: Callable[[torch.Tensor], torch.Tensor]) -> Kernel:
+    """torch's `F.linear` on the plain weights: MKL for fp32 on a CPU."""
+    if not _is_cpu(layers):
+        name = "torch"
+    else:
+        name = "mkl" if layers[0].qkv_weight.dtype == torch.float32 else "aten"
     return Kernel(
-        "mkl" if _is_cpu(layers) else "torch",
+        name,
         layers,
         F.linear,
         lambda x, weight, bias: activation(F.linear(x, weight, bias)),
@@ -157,10 +176,11 @@ def measure(kernels: Sequence[Kernel], rows: Sequence[int], plain: Layer) -> dic
     """ms per kernel and token count for `plain`'s four matrices (the kernels' first layer),
     the kernels interleaved run by run, medians."""
     shapes = [weight.shape for weight, _ in plain.matrices()]
+    dtype = plain.qkv_weight.dtype
     results: dict[str, dict[int, float]] = {kernel.name: {} for kernel in kernels}
     with torch.inference_mode():
         for count in rows:
-            inputs = [torch.randn(count, shape[1]) for shape in shapes]
+            inputs = [torch.randn(count, shape[1], dtype=dtype) for shape in shapes]
             samples: dict[str, list[float]] = {kernel.name: [] for kernel in kernels}
             for run in range(RUNS + 1):
                 for kernel in kernels:
@@ -185,12 +205,12 @@ def choose(
     """The kernels of the packed pass (see the module's docstring). `layers` hold the plain
     weights; what is not kept of them is freed when the caller lets them go."""
     plain = mkl_kernel(layers, activation)
-    if device.type != "cpu" or dtype != torch.float32 or not _onednn_available():
+    if device.type != "cpu" or not _onednn_available(dtype):
         return Kernels(plain, plain, SWITCH_ROWS, f"{device.type}, {str(dtype)[6:]}: F.linear")
     wanted = os.environ.get("WARMGATE_LINEAR", "auto")
     if os.environ.get("WARMGATE_ONEDNN") == "0":
         wanted = "mkl"
-    if wanted == "mkl":
+    if wanted in ("mkl", "aten"):
         return Kernels(plain, plain, SWITCH_ROWS, f"WARMGATE_LINEAR={wanted}")
     onednn = onednn_kernel(layers, post_op)
     if wanted == "onednn":
@@ -198,7 +218,7 @@ def choose(
     measured = measure([onednn, plain], (SMALL_ROWS, LARGE_ROWS), layers[0])
 
     def faster(rows: int) -> Kernel:
-        mkl_ms, onednn_ms = measured["mkl"][rows], measured["onednn"][rows]
+        mkl_ms, onednn_ms = measured[plain.name][rows], measured["onednn"][rows]
         return plain if mkl_ms < onednn_ms * (1 - TIE) else onednn
 
     small, large = faster(SMALL_ROWS), faster(LARGE_ROWS)

@@ -87,6 +87,40 @@ def test_onednn_linear_layers_give_mkls_states(minilm_dir, loaded_minilm, monkey
         )
 
 
+@pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN has no bfloat16 here"
+)
+def test_bfloat16_on_a_cpu_runs_onednn_too_and_gives_torchs_states(
+    minilm_dir, loaded_minilm, monkeypatch
+) -> None:
+    """bfloat16 on a CPU is measured at load as fp32 is, oneDNN on reordered weights against
+    torch's own F.linear (`aten`: not MKL in bfloat16); both give the same states to bfloat16's
+    rounding, and fp32's to its precision."""
+    tokenizer = loaded_minilm.tokenizer
+    token_lists = tokenizer(TEXTS)["input_ids"]
+    auto = PackedBert.from_folder(minilm_dir, torch.bfloat16)
+    report = auto.kernels.as_json()
+    assert report["chosen_by"] == "measured" and set(report["measured_ms"]) == {"onednn", "aten"}
+    monkeypatch.setenv("WARMGATE_LINEAR", "onednn")
+    onednn = PackedBert.from_folder(minilm_dir, torch.bfloat16)
+    monkeypatch.setenv("WARMGATE_LINEAR", "aten")
+    plain = PackedBert.from_folder(minilm_dir, torch.bfloat16)
+    assert onednn.kernels.names == ("onednn",) and plain.kernels.names == ("aten",)
+    exact = PackedBert.from_folder(minilm_dir, torch.float32)
+    with torch.inference_mode():
+        want = pooled(exact, token_lists, 32, 4, "mean")
+        for model in (onednn, plain):
+            got = pooled(model, token_lists, 32, 4, "mean").float()
+            assert F.cosine_similarity(got, want).min() >= 0.999
+        assert (
+            F.cosine_similarity(
+                pooled(onednn, token_lists, 32, 4, "mean").float(),
+                pooled(plain, token_lists, 32, 4, "mean").float(),
+            ).min()
+            >= 0.9995
+        )
+
+
 def test_inputs_of_one_length_skip_the_padding_and_give_the_same_states(
     minilm_dir, loaded_minilm
 ) -> None:
