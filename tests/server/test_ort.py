@@ -8,13 +8,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
+import torch
+import transformers
 
-pytest.importorskip("onnxruntime")
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from warmgate_server import ort  # noqa: E402
+from warmgate_server import ort
 
 
 def tiny_bert(seed: int = 0) -> object:

@@ -87,26 +87,37 @@ def test_onednn_linear_layers_give_mkls_states(minilm_dir, loaded_minilm, monkey
         )
 
 
-@pytest.mark.skipif(
-    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN has no bfloat16 here"
-)
 def test_bfloat16_on_a_cpu_runs_onednn_too_and_gives_torchs_states(
     minilm_dir, loaded_minilm, monkeypatch
 ) -> None:
     """bfloat16 on a CPU is measured at load as fp32 is, oneDNN on reordered weights against
     torch's own F.linear (`aten`: not MKL in bfloat16); both give the same states to bfloat16's
-    rounding, and fp32's to its precision."""
+    rounding, and fp32's to its precision. A CPU where oneDNN has no bfloat16 kernels (no
+    AVX512_BF16 or AMX) runs F.linear alone and says so, whatever WARMGATE_LINEAR asks."""
     tokenizer = loaded_minilm.tokenizer
     token_lists = tokenizer(TEXTS)["input_ids"]
     auto = PackedBert.from_folder(minilm_dir, torch.bfloat16)
     report = auto.kernels.as_json()
+    exact = PackedBert.from_folder(minilm_dir, torch.float32)
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        monkeypatch.setenv("WARMGATE_LINEAR", "onednn")
+        asked = PackedBert.from_folder(minilm_dir, torch.bfloat16)
+        for model in (auto, asked):
+            assert model.kernels.as_json() == {
+                "kernels": ["aten"],
+                "chosen_by": "cpu, bfloat16: F.linear",
+            }
+        with torch.inference_mode():
+            got = pooled(auto, token_lists, 32, 4, "mean").float()
+            want = pooled(exact, token_lists, 32, 4, "mean")
+        assert F.cosine_similarity(got, want).min() >= 0.999
+        return
     assert report["chosen_by"] == "measured" and set(report["measured_ms"]) == {"onednn", "aten"}
     monkeypatch.setenv("WARMGATE_LINEAR", "onednn")
     onednn = PackedBert.from_folder(minilm_dir, torch.bfloat16)
     monkeypatch.setenv("WARMGATE_LINEAR", "aten")
     plain = PackedBert.from_folder(minilm_dir, torch.bfloat16)
     assert onednn.kernels.names == ("onednn",) and plain.kernels.names == ("aten",)
-    exact = PackedBert.from_folder(minilm_dir, torch.float32)
     with torch.inference_mode():
         want = pooled(exact, token_lists, 32, 4, "mean")
         for model in (onednn, plain):
