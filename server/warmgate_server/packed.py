@@ -15,7 +15,11 @@ Face forward pass (tests compare both with sentence-transformers), less work.
 
 The RoBERTa family differs from BERT in one place the forward pass sees: its position ids start
 at `pad_token_id + 1` (so 514 position embeddings hold 512 tokens). Its layers carry the same
-weights under the same names.
+weights under the same names. DistilBERT (msmarco-distilbert, multi-qa-distilbert,
+distiluse-base-multilingual) is BERT's layer under other names (`transformer.layer.N.ffn.lin1`
+for `encoder.layer.N.intermediate.dense`, `dim` for `hidden_size`, ...) without token type
+embeddings: its checkpoint and config.json are read into BERT's names (`_DISTILBERT_NAMES`,
+`bert_config`), so the same pass runs it.
 
 The static pass (`dense`) takes a padded (rows, L) batch already on the device and returns its
 token states there, with no host synchronisation and no data-dependent shape: that is what a
@@ -73,12 +77,47 @@ class CheckpointMismatch(ValueError):
 
 
 # config.json model types the padding-free pass runs, and where their position ids start.
-PACKED_TYPES = ("bert", "xlm-roberta", "roberta", "camembert")
+PACKED_TYPES = ("bert", "xlm-roberta", "roberta", "camembert", "distilbert")
 ATTENTION_ALIGN = 8
 """On a CPU, attention's padded length is the batch's longest input rounded up to this."""
 _ROBERTA_TYPES = ("xlm-roberta", "roberta", "camembert")
 # Weights of the architecture that no embedding reads (BertModel's pooler), and buffers.
 _NOT_READ = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")
+
+
+# DistilBERT's config.json keys for BERT's (DistilBertConfig's attribute_map and the rest), and
+# its layers' weight names for BERT's: the same layer under other names.
+_DISTILBERT_CONFIG = {"dim": "hidden_size", "n_heads": "num_attention_heads",
+                      "n_layers": "num_hidden_layers", "hidden_dim": "intermediate_size",
+                      "activation": "hidden_act"}  # fmt: skip
+_DISTILBERT_LAYER_NORM_EPS = 1e-12  # fixed in DistilBERT's modeling code, not in config.json
+_DISTILBERT_NAMES = (
+    ("transformer.layer.", "encoder.layer."),
+    (".attention.q_lin.", ".attention.self.query."),
+    (".attention.k_lin.", ".attention.self.key."),
+    (".attention.v_lin.", ".attention.self.value."),
+    (".attention.out_lin.", ".attention.output.dense."),
+    (".sa_layer_norm.", ".attention.output.LayerNorm."),
+    (".ffn.lin1.", ".intermediate.dense."),
+    (".ffn.lin2.", ".output.dense."),
+    (".output_layer_norm.", ".output.LayerNorm."),
+)
+# The base model's prefix in a checkpoint of a task model (BertForMaskedLM, ...).
+_BASE_PREFIXES = ("bert.", "roberta.", "distilbert.")
+
+
+def bert_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """config.json with BERT's keys: DistilBERT's `dim`, `n_heads`, `n_layers`, `hidden_dim`
+    and `activation` under BERT's names, and its fixed layer norm epsilon; other families'
+    as they are."""
+    out = dict(config)
+    if config.get("model_type") == "distilbert":
+        for own, bert in _DISTILBERT_CONFIG.items():
+            if own in config:
+                out[bert] = config[own]
+        out["layer_norm_eps"] = _DISTILBERT_LAYER_NORM_EPS
+        out.setdefault("hidden_act", "gelu")
+    return out
 
 
 def position_offset(config: Mapping[str, Any]) -> int:
@@ -92,6 +131,11 @@ def supports_config(config: Mapping[str, Any]) -> str | None:
     """None when a model with this config.json can run packed, else why not."""
     if config.get("model_type") not in PACKED_TYPES:
         return f"model type {config.get('model_type')!r} is not one of {', '.join(PACKED_TYPES)}"
+    config = bert_config(config)
+    if config.get("sinusoidal_pos_embds"):
+        # transformers may write sinusoids over the checkpoint's position embeddings: its own
+        # forward pass serves such a model
+        return "position embeddings are sinusoidal"
     if config.get("auto_map"):
         return "config.json's auto_map names custom code"
     if config.get("position_embedding_type", "absolute") != "absolute":
@@ -110,7 +154,8 @@ class PackedBert:
         why_not = supports_config(config)
         if why_not is not None:
             raise ValueError(f"cannot run this model packed: {why_not}")
-        state = _canonical(state)
+        state = _canonical(state, config.get("model_type"))
+        config = bert_config(config)
         first = next(iter(state.values()))
         self.device = first.device
         self.dtype = first.dtype
@@ -123,13 +168,22 @@ class PackedBert:
         self.offset = position_offset(config)
         self.max_positions = int(config.get("max_position_embeddings", 512)) - self.offset
         """Tokens per input the position embeddings hold."""
-        used = {"embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
-                "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm.weight",
-                "embeddings.LayerNorm.bias"}  # fmt: skip
+        embeddings = {"embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
+                      "embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias"}  # fmt: skip
+        # BERT's and RoBERTa's inputs have token type embeddings (all of type 0), DistilBERT's
+        # none.
+        token_types = config.get("model_type") != "distilbert"
+        if token_types:
+            embeddings.add("embeddings.token_type_embeddings.weight")
+        used = set(embeddings)
         layers = int(config["num_hidden_layers"])
         used |= {key for key in state if key.startswith("encoder.layer.")
                  and int(key.split(".")[2]) < layers}  # fmt: skip
-        unused = sorted(key for key in set(state) - used if not key.startswith(_NOT_READ))
+        unused = sorted(
+            _own_name(key, config.get("model_type"))
+            for key in set(state) - used
+            if not key.startswith(_NOT_READ)
+        )
         if unused:
             raise CheckpointMismatch(
                 f"the checkpoint has weights this architecture does not use: {weight_names(unused)}"
@@ -137,17 +191,20 @@ class PackedBert:
         try:
             self.word = state["embeddings.word_embeddings.weight"]
             self.position = state["embeddings.position_embeddings.weight"][self.offset :]
-            self.token_type = state["embeddings.token_type_embeddings.weight"][0]
+            self.token_type = (
+                state["embeddings.token_type_embeddings.weight"][0] if token_types else None
+            )
             self.embedding_norm = _norm(state, "embeddings.LayerNorm")
             plain = [
                 _layer(state, f"encoder.layer.{index}.")
                 for index in range(int(config["num_hidden_layers"]))
             ]
         except KeyError as exc:
-            raise CheckpointMismatch(f"the checkpoint lacks the weight {exc}") from None
+            missing = _own_name(str(exc.args[0]), config.get("model_type"))
+            raise CheckpointMismatch(f"the checkpoint lacks the weight {missing!r}") from None
         per_layer = 16  # query, key, value, attention output, its norm, two dense, a norm
-        if len(used) != 5 + per_layer * layers:
-            found = len(used) - 5
+        if len(used) != len(embeddings) + per_layer * layers:
+            found = len(used) - len(embeddings)
             raise CheckpointMismatch(
                 f"the checkpoint's {found} layer weights are not {layers} BERT layers' "
                 f"{per_layer * layers}"
@@ -235,7 +292,9 @@ class PackedBert:
             attend = self._padded_attend(slot, keys, rows, seq_len)
 
         x = self.word[self._on_device(token_ids)] + self.position[self._on_device(position)]
-        x = self._norm(x + self.token_type, self.embedding_norm)
+        if self.token_type is not None:
+            x = x + self.token_type
+        x = self._norm(x, self.embedding_norm)
         kernel = self.kernels.for_rows(total)
         for layer in kernel.layers:
             x = self._layer(kernel, layer, x, attend)
@@ -249,7 +308,9 @@ class PackedBert:
         least one real token. Static shapes and no host synchronisation: a CUDA graph can
         capture it."""
         rows, seq_len = ids.shape
-        x = self.word[ids] + self.position[:seq_len] + self.token_type
+        x = self.word[ids] + self.position[:seq_len]
+        if self.token_type is not None:
+            x = x + self.token_type
         x = self._norm(x, self.embedding_norm).reshape(rows * seq_len, self.hidden)
         keys = mask.bool()[:, None, None, :]
         attend = self._padded_attend(None, keys, rows, seq_len)
@@ -328,20 +389,24 @@ def _varlen_attention(device: torch.device, dtype: torch.dtype) -> Callable[...,
     return varlen_attn
 
 
-def _canonical(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """BertModel key names: no `bert.` or `roberta.` prefix (BertFor*, RobertaFor*
-    checkpoints), LayerNorm weight/bias rather than the old gamma/beta. In a checkpoint whose
-    base model's weights carry the prefix, the weights without it are its task head (an MLM
-    head's `cls.`, `lm_head.`): left out, as transformers' AutoModel and sentence-transformers
-    leave them, and logged."""
-    prefixes = ("bert.", "roberta.")
-    headed = any(key.startswith(prefixes) for key in state)
+def _canonical(state: Mapping[str, torch.Tensor], model_type: Any) -> dict[str, torch.Tensor]:
+    """BertModel key names: no `bert.`, `roberta.` or `distilbert.` prefix (BertFor*,
+    RobertaFor*, DistilBertFor* checkpoints), LayerNorm weight/bias rather than the old
+    gamma/beta, DistilBERT's layers under BERT's names. In a checkpoint whose base model's
+    weights carry the prefix, the weights without it are its task head (an MLM head's `cls.`,
+    `lm_head.`, `vocab_projector.`): left out, as transformers' AutoModel and
+    sentence-transformers leave them, and logged."""
+    headed = any(key.startswith(_BASE_PREFIXES) for key in state)
+    renames = _DISTILBERT_NAMES if model_type == "distilbert" else ()
     out, heads = {}, []
     for key, value in state.items():
-        if headed and not key.startswith(prefixes):
+        if headed and not key.startswith(_BASE_PREFIXES):
             heads.append(key)
             continue
-        key = key.removeprefix("bert.").removeprefix("roberta.")
+        for prefix in _BASE_PREFIXES:
+            key = key.removeprefix(prefix)
+        for own, bert in renames:
+            key = key.replace(own, bert, 1)
         if key.endswith(".gamma"):
             key = key.removesuffix(".gamma") + ".weight"
         elif key.endswith(".beta"):
@@ -350,6 +415,14 @@ def _canonical(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if heads:
         log.info("left out the checkpoint's task head: %s", weight_names(sorted(heads)))
     return out
+
+
+def _own_name(key: str, model_type: Any) -> str:
+    """A BERT weight name as the family's checkpoint names it (DistilBERT's own names)."""
+    if model_type == "distilbert":
+        for own, bert in _DISTILBERT_NAMES:
+            key = key.replace(bert, own, 1)
+    return key
 
 
 def _norm(state: Mapping[str, torch.Tensor], prefix: str) -> tuple[torch.Tensor, torch.Tensor]:

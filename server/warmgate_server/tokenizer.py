@@ -5,12 +5,14 @@ transformers.
 (and, for a 250,000-piece XLM-R vocabulary, to rebuild the tokenizer from a Python list), while
 the packed forward pass (packed.py) already runs BERT-family models without transformers.
 
-BERT (WordPiece, BertNormalizer, the [CLS] ... [SEP] template): `tokenizer.json` holds
+BERT (WordPiece, BertNormalizer, the [CLS] ... [SEP] template; DistilBERT's is the same
+tokenizer without token type ids among its inputs): `tokenizer.json` holds
 everything: the `tokenizers` library encodes exactly as transformers' fast tokenizer does once
 the file's own truncation and padding are switched off (transformers switches them off for a
 call without truncation or padding, as the server's are). Only folders where the two agree are
 taken:
-- `tokenizer_class` BertTokenizer or BertTokenizerFast, with a `tokenizer.json`;
+- `tokenizer_class` BertTokenizer or BertTokenizerFast (DistilBertTokenizer or
+  DistilBertTokenizerFast), with a `tokenizer.json`;
 - the normalizer's `lowercase`, `strip_accents` and `handle_chinese_chars` equal to
   `do_lower_case`, `strip_accents` and `tokenize_chinese_chars` in `tokenizer_config.json`
   (BertTokenizerFast rebuilds the normalizer from the config when they differ);
@@ -39,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 BERT_CLASSES = ("BertTokenizer", "BertTokenizerFast")
+# transformers' DistilBertTokenizer is BertTokenizer with other input names (no token types).
+DISTILBERT_CLASSES = ("DistilBertTokenizer", "DistilBertTokenizerFast")
 XLMR_CLASSES = ("XLMRobertaTokenizer", "XLMRobertaTokenizerFast")
 XLMR_FIRST_PIECES = ["<s>", "<pad>", "</s>", "<unk>"]
 # XLMRobertaTokenizer's special tokens and their defaults (its __init__'s).
@@ -139,6 +143,13 @@ class BertTokenizer:
 
     def batch_decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
         return self._tokenizer.decode_batch(ids, skip_special_tokens=skip_special_tokens)
+
+
+class DistilBertTokenizer(BertTokenizer):
+    """DistilBERT's: BERT's WordPiece tokenizer whose model takes no token type ids."""
+
+    input_names = ["input_ids", "attention_mask"]
+    classes = DISTILBERT_CLASSES
 
 
 class XLMRobertaTokenizer(BertTokenizer):
@@ -253,5 +264,12 @@ def load_fast(path: Path) -> BertTokenizer:
     config, text = _read_folder(path)
     if config.get("auto_map"):
         raise ValueError("tokenizer_config.json's auto_map names a tokenizer of the folder's own")
-    cls = XLMRobertaTokenizer if config.get("tokenizer_class") in XLMR_CLASSES else BertTokenizer
+    found = config.get("tokenizer_class")
+    cls = (
+        XLMRobertaTokenizer
+        if found in XLMR_CLASSES
+        else DistilBertTokenizer
+        if found in DISTILBERT_CLASSES
+        else BertTokenizer
+    )
     return cls._from_files(path, config, text)

@@ -431,7 +431,11 @@ FAMILIES: dict[str, Family] = {
             "distilbert",
             lambda: _tokenizer_bert("DistilBertTokenizer"),
             _distilbert,
-            hub_models=("sentence-transformers/msmarco-distilbert-base-v4",),
+            packed=True,
+            hub_models=(
+                "sentence-transformers/msmarco-distilbert-base-v4",
+                "sentence-transformers/distiluse-base-multilingual-cased-v2",
+            ),
         ),
         Family(
             "mpnet",

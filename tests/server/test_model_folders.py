@@ -120,7 +120,8 @@ def _save_safetensors_shards(folder: Path) -> None:
 
 def _save_with_task_head(folder: Path) -> None:
     """The checkpoint as its *ForMaskedLM model saves it: the base model's weights under its
-    prefix (bert., roberta.) and an MLM head beside them (cls., lm_head.)."""
+    prefix (bert., roberta., distilbert.) and an MLM head beside them (cls., lm_head.,
+    vocab_transform. ...)."""
     from transformers import AutoModelForMaskedLM
 
     model = AutoModelForMaskedLM.from_pretrained(str(folder))
@@ -136,7 +137,7 @@ CHECKPOINTS = {
 
 
 @pytest.mark.parametrize("packing", ["auto", "off"])
-@pytest.mark.parametrize("family", ["bert-cls-prompt", "xlm-roberta-cls"])
+@pytest.mark.parametrize("family", ["bert-cls-prompt", "xlm-roberta-cls", "distilbert"])
 @pytest.mark.parametrize("form", list(CHECKPOINTS))
 async def test_checkpoints_in_every_form_run_the_same_pass_and_vectors(
     aiohttp_client, zoo_root: Path, tmp_path: Path, form: str, family: str, packing: str
@@ -150,7 +151,8 @@ async def test_checkpoints_in_every_form_run_the_same_pass_and_vectors(
     CHECKPOINTS[form](folder)
     keys = checkpoint.keys(folder)
     if form == "mlm-head":
-        assert any(key.startswith(("cls.", "lm_head.")) for key in keys), sorted(keys)
+        heads = ("cls.", "lm_head.", "vocab_transform.")
+        assert any(key.startswith(heads) for key in keys), sorted(keys)
     else:
         assert not (folder / "model.safetensors").exists() and len(checkpoint.files(folder)) > 1
     assert cosine(reference(folder, zoo.TEXTS), expected).min() >= MIN_COSINE

@@ -165,26 +165,36 @@ async def test_custom_code_is_refused_without_trust_remote_code_and_served_with_
 
 
 @pytest.mark.parametrize("packing", ["auto", "off"])
+@pytest.mark.parametrize(
+    ("name", "key", "extra"),
+    [
+        ("xlm-roberta-mean", "encoder.layer.1.attention.self.value.weight",
+         "encoder.layer.7.output.dense.weight"),
+        ("distilbert", "transformer.layer.1.attention.v_lin.weight",
+         "transformer.layer.7.ffn.lin2.weight"),
+    ],
+)  # fmt: skip
 async def test_weights_missing_or_unused_fail_the_load_with_their_names(
-    aiohttp_client, zoo_root: Path, tmp_path: Path, packing: str
+    aiohttp_client, zoo_root: Path, tmp_path: Path, packing: str, name: str, key: str, extra: str
 ) -> None:
     """A checkpoint that lacks a weight (it would be random) or holds one the architecture
     has no place for (another architecture's) fails to load, on both forward passes, with
-    the key's name; /ready says failed, so the pod never turns Ready."""
+    the key's name as the checkpoint names it (DistilBERT's own names, though the packed pass
+    reads them as BERT's); /ready says failed, so the pod never turns Ready."""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
-    source = zoo.build("xlm-roberta-mean", "current", zoo_root)
-    key = "encoder.layer.1.attention.self.value.weight"
-    for change, expected in (("drop", f"missing {key}"), ("add", "encoder.layer.7.")):
+    source = zoo.build(name, "current", zoo_root)
+    layer_seven = extra.split(".7.")[0] + ".7."
+    for change, expected in (("drop", f"missing {key}"), ("add", layer_seven)):
         folder = tmp_path / change
         shutil.copytree(source, folder)
         state = load_file(str(folder / "model.safetensors"))
         if change == "drop":
             del state[key]
         else:
-            state["encoder.layer.7.output.dense.weight"] = state[key].clone()
+            state[extra] = state[key].clone()
         save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
         _client, ready = await serve(aiohttp_client, folder, "--packing", packing)
         assert ready["phase"] == "failed", (change, packing)
@@ -198,7 +208,7 @@ async def test_weights_missing_or_unused_fail_the_load_with_their_names(
 @pytest.mark.parametrize(
     ("name", "limit"),
     [("xlm-roberta-cls", 64), ("camembert", 64), ("roberta-bpe", 128),
-     ("roberta-wordpiece", 128), ("mpnet", 128)],
+     ("roberta-wordpiece", 128), ("mpnet", 128), ("distilbert", 128)],
 )  # fmt: skip
 async def test_a_limit_from_the_position_embeddings_holds_with_their_offset(
     aiohttp_client, zoo_root: Path, tmp_path: Path, name: str, limit: int
@@ -207,7 +217,8 @@ async def test_a_limit_from_the_position_embeddings_holds_with_their_offset(
     no other stated limit holds 64 tokens. An input of exactly 64 runs on both forward passes;
     65 is refused with a 4xx, or cut to 64 when truncating (it used to be an IndexError).
     CamemBERT, RoBERTa (both tokenizers) and MPNet count their positions the same way (130
-    position embeddings hold 128 tokens)."""
+    position embeddings hold 128 tokens); DistilBERT's start at 0, as BERT's (128 hold
+    128)."""
     import shutil
 
     from transformers import AutoTokenizer

@@ -203,24 +203,27 @@ def test_the_faster_kernel_is_measured_at_load_and_each_pass_takes_its_own(
                 torch.testing.assert_close(got, want[row], atol=2e-5, rtol=1e-4)
 
 
-ROBERTA_FAMILIES = ["xlm-roberta-cls", "roberta-bpe", "roberta-wordpiece", "camembert"]
+# The packed families besides BERT, and where their position ids start.
+FAMILY_OFFSETS = {"xlm-roberta-cls": 2, "roberta-bpe": 2, "roberta-wordpiece": 2, "camembert": 2,
+                  "distilbert": 0}  # fmt: skip
 
 
-@pytest.mark.parametrize("family", ROBERTA_FAMILIES)
-def test_the_gpus_passes_give_the_cpus_states_for_the_roberta_family(
+@pytest.mark.parametrize("family", FAMILY_OFFSETS)
+def test_the_gpus_passes_give_the_cpus_states_for_the_roberta_family_and_distilbert(
     tmp_path_factory: pytest.TempPathFactory, family: str
 ) -> None:
-    """The RoBERTa family's position ids start at pad_token_id + 1, on every pass: the
-    variable-length (flash) attention pass and the static pass a CUDA graph captures give the
-    states of the CPU's padded-keys pass (which the zoo's tests hold to sentence-transformers),
-    up to each input's longest allowed length and with a padding row."""
+    """The RoBERTa family's position ids start at pad_token_id + 1, on every pass, and
+    DistilBERT has no token type embeddings: the variable-length (flash) attention pass and
+    the static pass a CUDA graph captures give the states of the CPU's padded-keys pass (which
+    the zoo's tests hold to sentence-transformers), up to each input's longest allowed length
+    and with a padding row."""
     from transformers import AutoTokenizer
 
     folder = zoo.build(family, "current", tmp_path_factory.mktemp("zoo"))
     padded_keys = PackedBert.from_folder(folder, torch.float32)
     varlen = PackedBert.from_folder(folder, torch.float32)
     varlen.varlen = reference_varlen
-    assert padded_keys.offset == 2  # pad_token_id 1 in these tokenizers
+    assert padded_keys.offset == FAMILY_OFFSETS[family]  # RoBERTa's: pad_token_id 1, plus 1
     limit = padded_keys.max_positions
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     token_lists = [ids[:limit] for ids in tokenizer(zoo.TEXTS)["input_ids"]]

@@ -59,6 +59,34 @@ def test_same_special_token_ids_limit_and_input_names_as_transformers(both) -> N
     assert direct.model_input_names == reference.model_input_names
 
 
+@pytest.mark.parametrize("layout", zoo.LAYOUTS)
+def test_a_distilbert_tokenizer_encodes_as_transformers_without_token_types(
+    tmp_path: Path, layout: str
+) -> None:
+    """DistilBERT's tokenizer (msmarco-distilbert, distiluse-base-multilingual) is BERT's whose
+    model takes no token type ids: read straight from tokenizer.json, it gives transformers'
+    ids and masks, and its input names leave token types out (DistilBertModel has no such
+    argument)."""
+    from transformers import AutoTokenizer
+
+    from warmgate_server.tokenizer import DistilBertTokenizer, load_fast
+
+    folder = zoo.build("distilbert", layout, tmp_path)
+    direct, reference = load_fast(folder), AutoTokenizer.from_pretrained(str(folder))
+    assert type(direct) is DistilBertTokenizer
+    assert type(reference).__name__ == "DistilBertTokenizer"
+    ours = direct(TEXTS, return_special_tokens_mask=True)
+    theirs = reference(TEXTS, return_special_tokens_mask=True, verbose=False)
+    assert ours["input_ids"] == theirs["input_ids"]
+    assert ours["special_tokens_mask"] == theirs["special_tokens_mask"]
+    names = ["input_ids", "attention_mask"]
+    assert direct.model_input_names == reference.model_input_names == names
+    assert (direct.pad_token_id, direct.cls_token_id) == (
+        reference.pad_token_id,
+        reference.cls_token_id,
+    )
+
+
 def rewrite(folder, tmp_path, name, change):
     """A copy of `folder` whose JSON file `name` `change` (a function) has changed."""
     copy = tmp_path / "model"
@@ -193,17 +221,19 @@ def test_xlm_roberta_folders_transformers_could_build_otherwise_are_refused(
         load_fast(rewrite(xlmr["sentencepiece"], tmp_path, name, change))
 
 
-@pytest.mark.parametrize("family", ["bert", "xlm-roberta", "roberta-wordpiece"])
+@pytest.mark.parametrize("family", ["bert", "xlm-roberta", "roberta-wordpiece", "distilbert"])
 def test_a_packed_server_process_never_imports_transformers(
     minilm_dir, xlmr, tmp_path: Path, family: str
 ) -> None:
     """What the direct tokenizers are for: loading MiniLM, an XLM-R model (bge-m3's and
-    multilingual-e5's path) or a RoBERTa with KLUE's WordPiece tokenizer (ko-sroberta's) for
-    serving on the CPU (packed forward pass, tokenizer.json) leaves transformers unimported: a
-    second or more of CPU less per pod start (more for a 250,000-piece XLM-R tokenizer, which
-    transformers rebuilds from a Python list)."""
-    if family == "roberta-wordpiece":
-        folder, name = zoo.build(family, "current", tmp_path), "BertTokenizer"
+    multilingual-e5's path), a RoBERTa with KLUE's WordPiece tokenizer (ko-sroberta's) or a
+    DistilBERT (msmarco-distilbert's) for serving on the CPU (packed forward pass,
+    tokenizer.json) leaves transformers unimported: a second or more of CPU less per pod start
+    (more for a 250,000-piece XLM-R tokenizer, which transformers rebuilds from a Python
+    list)."""
+    if family in ("roberta-wordpiece", "distilbert"):
+        folder = zoo.build(family, "current", tmp_path)
+        name = "DistilBertTokenizer" if family == "distilbert" else "BertTokenizer"
     else:
         folder, name = {
             "bert": (minilm_dir, "BertTokenizer"),
