@@ -134,6 +134,10 @@ bench-server: install ## Cold vs warm first requests; throughput vs sentence-tra
 bench-models: install ## XLM-R of multilingual-e5-base's shape: warmgate vs Infinity; bge-m3's shape: ready time, memory
 	$(PY) bench/server/bench_models.py $(BENCH_ARGS)
 
+.PHONY: bench-families
+bench-families: install ## The packed pass against transformers' per family (BERT, DistilBERT, MPNet) at real sizes, one thread
+	$(PY) bench/server/bench_families.py $(BENCH_ARGS)
+
 .PHONY: bench-server-ab
 bench-server-ab: install ## The server of this checkout against an earlier commit's (BENCH_ARGS="--baseline REV --model DIR"), alternating
 	$(PY) bench/server/bench_ab.py $(BENCH_ARGS)

@@ -19,7 +19,12 @@ weights under the same names. DistilBERT (msmarco-distilbert, multi-qa-distilber
 distiluse-base-multilingual) is BERT's layer under other names (`transformer.layer.N.ffn.lin1`
 for `encoder.layer.N.intermediate.dense`, `dim` for `hidden_size`, ...) without token type
 embeddings: its checkpoint and config.json are read into BERT's names (`_DISTILBERT_NAMES`,
-`bert_config`), so the same pass runs it.
+`bert_config`), so the same pass runs it. MPNet (all-mpnet-base-v2, multi-qa-mpnet) is BERT's
+layer under other names too, without token type embeddings, its positions counted as RoBERTa's
+(from 2), and one more term in attention: a relative position bias (32 buckets of the distance
+between query and key, one value per head, shared by every layer) added to the scores. That
+bias cannot go through variable-length flash attention, so MPNet attends over padded keys on a
+GPU as on a CPU.
 
 The static pass (`dense`) takes a padded (rows, L) batch already on the device and returns its
 token states there, with no host synchronisation and no data-dependent shape: that is what a
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 from pathlib import Path
@@ -77,7 +83,7 @@ class CheckpointMismatch(ValueError):
 
 
 # config.json model types the padding-free pass runs, and where their position ids start.
-PACKED_TYPES = ("bert", "xlm-roberta", "roberta", "camembert", "distilbert")
+PACKED_TYPES = ("bert", "xlm-roberta", "roberta", "camembert", "distilbert", "mpnet")
 ATTENTION_ALIGN = 8
 """On a CPU, attention's padded length is the batch's longest input rounded up to this."""
 _ROBERTA_TYPES = ("xlm-roberta", "roberta", "camembert")
@@ -102,8 +108,22 @@ _DISTILBERT_NAMES = (
     (".ffn.lin2.", ".output.dense."),
     (".output_layer_norm.", ".output.LayerNorm."),
 )
+# MPNet's layers' weight names for BERT's, and its relative position bias (MPNetEncoder's).
+_MPNET_NAMES = (
+    (".attention.attn.q.", ".attention.self.query."),
+    (".attention.attn.k.", ".attention.self.key."),
+    (".attention.attn.v.", ".attention.self.value."),
+    (".attention.attn.o.", ".attention.output.dense."),
+    (".attention.LayerNorm.", ".attention.output.LayerNorm."),
+)
+_RENAMES = {"distilbert": _DISTILBERT_NAMES, "mpnet": _MPNET_NAMES}
+_RELATIVE_BIAS = "encoder.relative_attention_bias.weight"
+_MPNET_BUCKETS = 32  # MPNetEncoder.compute_position_bias's, whatever config.json says
+_MPNET_MAX_DISTANCE = 128
+# Families whose inputs have no token type embeddings.
+_NO_TOKEN_TYPES = ("distilbert", "mpnet")
 # The base model's prefix in a checkpoint of a task model (BertForMaskedLM, ...).
-_BASE_PREFIXES = ("bert.", "roberta.", "distilbert.")
+_BASE_PREFIXES = ("bert.", "roberta.", "distilbert.", "mpnet.")
 
 
 def bert_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -121,7 +141,10 @@ def bert_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def position_offset(config: Mapping[str, Any]) -> int:
-    """The first position id: pad_token_id + 1 for the RoBERTa family, else 0."""
+    """The first position id: pad_token_id + 1 for the RoBERTa family, 2 for MPNet (its
+    embeddings' padding index is 1 whatever pad_token_id says), else 0."""
+    if config.get("model_type") == "mpnet":
+        return 2
     if config.get("model_type") in _ROBERTA_TYPES:
         return int(config.get("pad_token_id", 1)) + 1
     return 0
@@ -136,6 +159,10 @@ def supports_config(config: Mapping[str, Any]) -> str | None:
         # transformers may write sinusoids over the checkpoint's position embeddings: its own
         # forward pass serves such a model
         return "position embeddings are sinusoidal"
+    buckets = config.get("relative_attention_num_buckets", _MPNET_BUCKETS)
+    if config.get("model_type") == "mpnet" and buckets != _MPNET_BUCKETS:
+        # MPNetEncoder buckets distances into 32 whatever the embedding holds
+        return f"relative_attention_num_buckets {buckets} is not {_MPNET_BUCKETS}"
     if config.get("auto_map"):
         return "config.json's auto_map names custom code"
     if config.get("position_embedding_type", "absolute") != "absolute":
@@ -159,7 +186,9 @@ class PackedBert:
         first = next(iter(state.values()))
         self.device = first.device
         self.dtype = first.dtype
-        self.varlen = _varlen_attention(self.device, self.dtype)
+        model_type = config.get("model_type")
+        relative = model_type == "mpnet"
+        self.varlen = None if relative else _varlen_attention(self.device, self.dtype)
         """Variable-length (flash) attention on the packed tokens, or None (padded keys)."""
         self.hidden = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
@@ -171,18 +200,18 @@ class PackedBert:
         embeddings = {"embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
                       "embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias"}  # fmt: skip
         # BERT's and RoBERTa's inputs have token type embeddings (all of type 0), DistilBERT's
-        # none.
-        token_types = config.get("model_type") != "distilbert"
+        # and MPNet's none.
+        token_types = model_type not in _NO_TOKEN_TYPES
         if token_types:
             embeddings.add("embeddings.token_type_embeddings.weight")
+        if relative:
+            embeddings.add(_RELATIVE_BIAS)
         used = set(embeddings)
         layers = int(config["num_hidden_layers"])
         used |= {key for key in state if key.startswith("encoder.layer.")
                  and int(key.split(".")[2]) < layers}  # fmt: skip
         unused = sorted(
-            _own_name(key, config.get("model_type"))
-            for key in set(state) - used
-            if not key.startswith(_NOT_READ)
+            _own_name(key, model_type) for key in set(state) - used if not key.startswith(_NOT_READ)
         )
         if unused:
             raise CheckpointMismatch(
@@ -194,13 +223,18 @@ class PackedBert:
             self.token_type = (
                 state["embeddings.token_type_embeddings.weight"][0] if token_types else None
             )
+            self.relative_bias = (
+                relative_bias(state[_RELATIVE_BIAS], self.max_positions) if relative else None
+            )
+            """MPNet's relative position bias, (heads, positions, positions): what attention
+            adds to the scores of query i and key j; else None."""
             self.embedding_norm = _norm(state, "embeddings.LayerNorm")
             plain = [
                 _layer(state, f"encoder.layer.{index}.")
                 for index in range(int(config["num_hidden_layers"]))
             ]
         except KeyError as exc:
-            missing = _own_name(str(exc.args[0]), config.get("model_type"))
+            missing = _own_name(str(exc.args[0]), model_type)
             raise CheckpointMismatch(f"the checkpoint lacks the weight {missing!r}") from None
         per_layer = 16  # query, key, value, attention output, its norm, two dense, a norm
         if len(used) != len(embeddings) + per_layer * layers:
@@ -330,6 +364,10 @@ class PackedBert:
         packed token sits in it (None: the tokens are already in that layout: `dense`, or rows
         of one length); `keys`: which keys each row attends (None: all of them)."""
         heads, size = self.heads, self.head_size
+        mask: torch.Tensor | None = keys
+        if self.relative_bias is not None:
+            bias = self.relative_bias[:, :seq_len, :seq_len].unsqueeze(0)
+            mask = bias if keys is None else torch.where(keys, bias, float("-inf"))
 
         def attend(qkv: torch.Tensor) -> torch.Tensor:
             if slot is None:
@@ -338,7 +376,7 @@ class PackedBert:
                 padded = qkv.new_zeros(rows * seq_len, qkv.shape[1])
                 padded[slot] = qkv
             q, k, v = padded.view(rows, seq_len, 3, heads, size).permute(2, 0, 3, 1, 4)
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=keys)
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             context = context.transpose(1, 2).reshape(rows * seq_len, heads * size)
             return context if slot is None else context[slot]
 
@@ -397,7 +435,7 @@ def _canonical(state: Mapping[str, torch.Tensor], model_type: Any) -> dict[str, 
     `lm_head.`, `vocab_projector.`): left out, as transformers' AutoModel and
     sentence-transformers leave them, and logged."""
     headed = any(key.startswith(_BASE_PREFIXES) for key in state)
-    renames = _DISTILBERT_NAMES if model_type == "distilbert" else ()
+    renames = _RENAMES.get(model_type, ())
     out, heads = {}, []
     for key, value in state.items():
         if headed and not key.startswith(_BASE_PREFIXES):
@@ -418,11 +456,30 @@ def _canonical(state: Mapping[str, torch.Tensor], model_type: Any) -> dict[str, 
 
 
 def _own_name(key: str, model_type: Any) -> str:
-    """A BERT weight name as the family's checkpoint names it (DistilBERT's own names)."""
-    if model_type == "distilbert":
-        for own, bert in _DISTILBERT_NAMES:
-            key = key.replace(bert, own, 1)
+    """A BERT weight name as the family's checkpoint names it (DistilBERT's and MPNet's own
+    names)."""
+    for own, bert in _RENAMES.get(model_type, ()):
+        key = key.replace(bert, own, 1)
     return key
+
+
+def relative_bias(weight: torch.Tensor, positions: int) -> torch.Tensor:
+    """MPNet's relative position bias for sequences of up to `positions` tokens: (heads,
+    positions, positions), entry (h, i, j) the bias head h adds to query i's score for key j.
+    The buckets are MPNetEncoder.relative_position_bucket's, computed as it does (in float32 on
+    the CPU): 8 exact distances each way, then logarithmic up to 128, 16 buckets a direction."""
+    index = torch.arange(positions)
+    n = index[:, None] - index[None, :]  # -(key - query), as MPNet's `n = -relative_position`
+    half = _MPNET_BUCKETS // 2
+    bucket = (n < 0).to(torch.long) * half
+    n = n.abs()
+    exact = half // 2
+    large = exact + (
+        torch.log(n.float() / exact) / math.log(_MPNET_MAX_DISTANCE / exact) * (half - exact)
+    ).to(torch.long)
+    large = torch.minimum(large, torch.full_like(large, half - 1))
+    bucket += torch.where(n < exact, n, large)
+    return weight[bucket.to(weight.device)].permute(2, 0, 1).contiguous()
 
 
 def _norm(state: Mapping[str, torch.Tensor], prefix: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -441,7 +441,11 @@ FAMILIES: dict[str, Family] = {
             "mpnet",
             _tokenizer_mpnet,
             _mpnet,
-            hub_models=("sentence-transformers/all-mpnet-base-v2",),
+            packed=True,
+            hub_models=(
+                "sentence-transformers/all-mpnet-base-v2",
+                "sentence-transformers/multi-qa-mpnet-base-dot-v1",
+            ),
         ),
         Family(
             "modernbert",

@@ -120,7 +120,7 @@ def _save_safetensors_shards(folder: Path) -> None:
 
 def _save_with_task_head(folder: Path) -> None:
     """The checkpoint as its *ForMaskedLM model saves it: the base model's weights under its
-    prefix (bert., roberta., distilbert.) and an MLM head beside them (cls., lm_head.,
+    prefix (bert., roberta., distilbert., mpnet.) and an MLM head beside them (cls., lm_head.,
     vocab_transform. ...)."""
     from transformers import AutoModelForMaskedLM
 
@@ -137,7 +137,7 @@ CHECKPOINTS = {
 
 
 @pytest.mark.parametrize("packing", ["auto", "off"])
-@pytest.mark.parametrize("family", ["bert-cls-prompt", "xlm-roberta-cls", "distilbert"])
+@pytest.mark.parametrize("family", ["bert-cls-prompt", "xlm-roberta-cls", "distilbert", "mpnet"])
 @pytest.mark.parametrize("form", list(CHECKPOINTS))
 async def test_checkpoints_in_every_form_run_the_same_pass_and_vectors(
     aiohttp_client, zoo_root: Path, tmp_path: Path, form: str, family: str, packing: str

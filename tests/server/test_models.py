@@ -172,6 +172,8 @@ async def test_custom_code_is_refused_without_trust_remote_code_and_served_with_
          "encoder.layer.7.output.dense.weight"),
         ("distilbert", "transformer.layer.1.attention.v_lin.weight",
          "transformer.layer.7.ffn.lin2.weight"),
+        ("mpnet", "encoder.relative_attention_bias.weight",
+         "encoder.layer.7.attention.attn.q.weight"),
     ],
 )  # fmt: skip
 async def test_weights_missing_or_unused_fail_the_load_with_their_names(
@@ -179,8 +181,9 @@ async def test_weights_missing_or_unused_fail_the_load_with_their_names(
 ) -> None:
     """A checkpoint that lacks a weight (it would be random) or holds one the architecture
     has no place for (another architecture's) fails to load, on both forward passes, with
-    the key's name as the checkpoint names it (DistilBERT's own names, though the packed pass
-    reads them as BERT's); /ready says failed, so the pod never turns Ready."""
+    the key's name as the checkpoint names it (DistilBERT's and MPNet's own names, though the
+    packed pass reads them as BERT's; MPNet's relative position bias among them); /ready says
+    failed, so the pod never turns Ready."""
     import shutil
 
     from safetensors.torch import load_file, save_file

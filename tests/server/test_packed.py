@@ -239,3 +239,49 @@ def test_the_gpus_passes_give_the_cpus_states_for_the_roberta_family_and_distilb
             expected = pooled(padded_keys, token_lists, limit, len(token_lists), pooling)
             got = dense_pooled(padded_keys, ids, mask, pooling)
             torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_mpnet_attends_with_its_relative_position_bias_on_every_pass(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch
+) -> None:
+    """MPNet (all-mpnet-base-v2) adds a relative position bias to every layer's attention
+    scores: the padding-free pass (inputs of mixed lengths, then of one length, which skip the
+    padding) and the static pass a CUDA graph captures give transformers' MPNetModel states
+    up to the position limit, where distances reach the logarithmic buckets. The bias is what
+    makes them: without it the states are far off. It cannot go through flash attention, so
+    MPNet never takes the variable-length path where BERT would."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from warmgate_server import packed as packed_module
+
+    folder = zoo.build("mpnet", "current", tmp_path_factory.mktemp("zoo"))
+    model = AutoModel.from_pretrained(str(folder)).eval()
+    packed = PackedBert.from_folder(folder, torch.float32)
+    assert packed.offset == 2 and packed.token_type is None
+    limit = packed.max_positions
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    token_lists = [ids[:limit] for ids in tokenizer(zoo.TEXTS)["input_ids"]]
+    assert max(map(len, token_lists)) == limit > 16 * 2  # distances past the exact buckets
+    same_length = [token_lists[-1]] * 2
+    unbiased = PackedBert.from_folder(folder, torch.float32)
+    unbiased.relative_bias = torch.zeros_like(unbiased.relative_bias)
+    with torch.inference_mode():
+        for batch in (token_lists, same_length):
+            ids, mask = padded_batch(batch, len(batch), limit, tokenizer.pad_token_id)
+            want = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            states, starts, lengths = packed.encode(batch, limit, len(batch))
+            wrong, _, _ = unbiased.encode(batch, limit, len(batch))
+            dense = packed.dense(ids, mask)
+            for row, (start, length) in enumerate(zip(starts, lengths, strict=True)):
+                expected = want[row, :length]
+                torch.testing.assert_close(states[start : start + length], expected, **CLOSE)
+                torch.testing.assert_close(dense[row, :length], expected, **CLOSE)
+                assert (wrong[start : start + length] - expected).abs().max() > 0.05
+
+    monkeypatch.setattr(packed_module, "_varlen_attention", lambda *_args: reference_varlen)
+    assert PackedBert.from_folder(folder, torch.float32).varlen is None
+    bert = zoo.build("bert-mean", "current", tmp_path_factory.mktemp("zoo"))
+    assert PackedBert.from_folder(bert, torch.float32).varlen is reference_varlen
+
+
+CLOSE = {"atol": 2e-5, "rtol": 1e-4}
