@@ -70,35 +70,42 @@ async def test_cls_pooling_and_unnormalized_output(
     np.testing.assert_allclose(served[:1], expected, atol=1e-4)
 
 
+@pytest.mark.parametrize("case", ["modernbert", "sinusoidal-distilbert"])
 def test_packing_falls_back_for_other_architectures_and_on_refuses_them(
-    tmp_path, minilm_dir
+    tmp_path, minilm_dir, case: str
 ) -> None:
-    """A DistilBERT (not the BERT layout) is served by its own padded forward pass under
-    `--packing auto`; `--packing on` refuses to start and says why."""
+    """A model the packed pass does not run (a ModernBERT; a DistilBERT with sinusoidal
+    position embeddings, which transformers may write over the checkpoint's) is served by its
+    own padded forward pass under `--packing auto`; `--packing on` refuses to start and says
+    why."""
     from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
 
     from warmgate_contract.shapes import Shape
+    from warmgate_server import zoo
     from warmgate_server.config import parse_config
     from warmgate_server.loading import ModelLoadError, load_model
     from warmgate_server.runner import ModelRunner
 
-    config = DistilBertConfig(dim=32, n_layers=1, n_heads=2, hidden_dim=64)
-    DistilBertModel(config).save_pretrained(tmp_path)
-    AutoTokenizer.from_pretrained(str(minilm_dir)).save_pretrained(tmp_path)
+    if case == "modernbert":
+        folder = zoo.build("modernbert", "current", tmp_path)
+        why = "model type 'modernbert' is not one of bert"
+    else:
+        folder = tmp_path / case
+        config = DistilBertConfig(dim=32, n_layers=1, n_heads=2, hidden_dim=64,
+                                  sinusoidal_pos_embds=True)  # fmt: skip
+        DistilBertModel(config).save_pretrained(folder)
+        AutoTokenizer.from_pretrained(str(minilm_dir)).save_pretrained(folder)
+        why = "position embeddings are sinusoidal"
 
-    loaded = load_model(parse_config(["--model", str(tmp_path), "--device", "cpu"], environ={}))
+    loaded = load_model(parse_config(["--model", str(folder), "--device", "cpu"], environ={}))
     assert loaded.packed is None and loaded.model is not None
     runner = ModelRunner(loaded, "mean", 32)
     vectors = runner.execute(runner.tokenize(["hello there", "hi"]), Shape(4, 16)).vectors
-    assert vectors.shape == (2, 32) and np.isfinite(vectors).all()
+    assert vectors.shape == (2, loaded.hidden_size) and np.isfinite(vectors).all()
 
-    with pytest.raises(
-        ModelLoadError, match="--packing on: model type 'distilbert' is not one of bert"
-    ):
+    with pytest.raises(ModelLoadError, match=f"--packing on: {why}"):
         load_model(
-            parse_config(
-                ["--model", str(tmp_path), "--device", "cpu", "--packing", "on"], environ={}
-            )
+            parse_config(["--model", str(folder), "--device", "cpu", "--packing", "on"], environ={})
         )
 
 
