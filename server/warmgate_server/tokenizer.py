@@ -1,4 +1,4 @@
-"""BERT and XLM-RoBERTa tokenizers straight from `tokenizer.json`, without importing
+"""BERT, MPNet and XLM-RoBERTa tokenizers straight from `tokenizer.json`, without importing
 transformers.
 
 `transformers.AutoTokenizer` costs a second or more of CPU per process start just to import
@@ -29,6 +29,11 @@ a piece, no `special_tokens_map.json` that says otherwise. tests/server/test_tok
 compares both with transformers' on multilingual text, so a transformers release that builds
 differently fails there.
 
+MPNet (all-mpnet-base-v2): transformers 5 rebuilds it too, from the file's WordPiece vocabulary
+with its own defaults, a BertNormalizer from `tokenizer_config.json`, BERT's pre-tokenizer and
+`<s> ... </s>` (RobertaProcessing), its special tokens built as MPNetTokenizer's __init__ builds
+them (`<mask>` strips the space on its left); `MPNetTokenizer` here builds the same.
+
 For anything else `from_folder` raises ValueError saying why, and the server loads
 `AutoTokenizer` instead.
 """
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +50,10 @@ BERT_CLASSES = ("BertTokenizer", "BertTokenizerFast")
 # transformers' DistilBertTokenizer is BertTokenizer with other input names (no token types).
 DISTILBERT_CLASSES = ("DistilBertTokenizer", "DistilBertTokenizerFast")
 XLMR_CLASSES = ("XLMRobertaTokenizer", "XLMRobertaTokenizerFast")
+MPNET_CLASSES = ("MPNetTokenizer", "MPNetTokenizerFast")
+# MPNetTokenizer's special tokens and their defaults (its __init__'s).
+MPNET_SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "cls_token": "<s>",
+                  "unk_token": "[UNK]", "pad_token": "<pad>", "mask_token": "<mask>"}  # fmt: skip
 XLMR_FIRST_PIECES = ["<s>", "<pad>", "</s>", "<unk>"]
 # XLMRobertaTokenizer's special tokens and their defaults (its __init__'s).
 XLMR_SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "cls_token": "<s>",
@@ -152,6 +162,38 @@ class DistilBertTokenizer(BertTokenizer):
     classes = DISTILBERT_CLASSES
 
 
+class MPNetTokenizer(BertTokenizer):
+    """MPNet's tokenizer (all-mpnet-base-v2), built as transformers 5's MPNetTokenizer builds
+    it: the file's WordPiece vocabulary with transformers' defaults, a BertNormalizer from
+    tokenizer_config.json, BERT's pre-tokenizer, `<s> ... </s>` (RobertaProcessing), the
+    config's added tokens and its special tokens (named as text, they are built as
+    MPNetTokenizer builds them: normalized, `<mask>` taking the space before it). Taken only
+    where every added and special token is a piece of the vocabulary and no
+    special_tokens_map.json says otherwise."""
+
+    input_names = ["input_ids", "attention_mask"]
+    classes = MPNET_CLASSES
+
+    def __init__(self, tokenizer: Any, config: dict[str, Any]) -> None:
+        super().__init__(tokenizer, {**MPNET_SPECIALS, **config})
+
+    @classmethod
+    def _build(cls, path: Path, config: dict[str, Any], text: str) -> MPNetTokenizer:
+        _same_special_tokens_map(path, config, MPNET_SPECIALS)
+        spec = json.loads(text)
+        model = spec.get("model") or {}
+        vocab = model.get("vocab")
+        if model.get("type", "WordPiece") != "WordPiece" or not isinstance(vocab, dict):
+            raise ValueError(f"model {model.get('type')!r} is not WordPiece")
+        specials = {key: config.get(key, default) for key, default in MPNET_SPECIALS.items()}
+        added = (config.get("added_tokens_decoder") or {}).values()
+        file_added = spec.get("added_tokens") or []
+        for token in [*added, *specials.values(), *file_added]:
+            if _token_text(token) not in vocab:
+                raise ValueError(f"added token {_token_text(token)!r} is not in the vocabulary")
+        return cls(_mpnet_backend(vocab, config, specials), config)
+
+
 class XLMRobertaTokenizer(BertTokenizer):
     """XLM-RoBERTa's tokenizer, built as transformers 5's XLMRobertaTokenizer builds it."""
 
@@ -160,12 +202,7 @@ class XLMRobertaTokenizer(BertTokenizer):
 
     @classmethod
     def _build(cls, path: Path, config: dict[str, Any], text: str) -> XLMRobertaTokenizer:
-        special_map = path / "special_tokens_map.json"
-        if special_map.is_file():
-            for key, value in json.loads(special_map.read_text()).items():
-                configured = config.get(key, XLMR_SPECIALS.get(key))
-                if key not in XLMR_SPECIALS or _token_text(value) != _token_text(configured):
-                    raise ValueError(f"special_tokens_map.json's {key} differs")
+        _same_special_tokens_map(path, config, XLMR_SPECIALS)
         spec = json.loads(text)
         model = spec.get("model") or {}
         if model.get("type") != "Unigram":
@@ -204,21 +241,7 @@ def _xlmr_backend(
         ]
     )
     tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)
-    # The config's added tokens in id order, then the special tokens not among them.
-    decoder = config.get("added_tokens_decoder") or {}
-    tokens = [
-        _added_token(token)
-        for _index, token in sorted(decoder.items(), key=lambda item: int(item[0]))
-    ]
-    named = {_token_text(token) for token in specials.values()}
-    for token in specials.values():
-        if _token_text(token) not in {str(known) for known in tokens}:
-            tokens.append(_added_token(token))
-    for token in tokens:
-        if str(token) in named:
-            token.special = True
-    tokenizer.add_tokens([token for token in tokens if not token.special])
-    tokenizer.add_special_tokens([token for token in tokens if token.special])
+    _add_config_tokens(tokenizer, config, specials)
     bos, eos = _token_text(specials["bos_token"]), _token_text(specials["eos_token"])
     tokenizer.post_processor = processors.TemplateProcessing(
         single=[bos, "$A", eos],
@@ -226,6 +249,76 @@ def _xlmr_backend(
         special_tokens=[(bos, tokenizer.token_to_id(bos)), (eos, tokenizer.token_to_id(eos))],
     )
     return tokenizer
+
+
+def _mpnet_backend(vocab: dict[str, int], config: dict[str, Any], specials: dict[str, Any]) -> Any:
+    """The `tokenizers.Tokenizer` that transformers 5's MPNetTokenizer builds."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+
+    tokenizer = Tokenizer(WordPiece(vocab, unk_token=_token_text(specials["unk_token"])))
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True,
+        handle_chinese_chars=config.get("tokenize_chinese_chars", True),
+        strip_accents=config.get("strip_accents"),
+        lowercase=config.get("do_lower_case", True),
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    _add_config_tokens(tokenizer, config, specials, _mpnet_special)
+    cls, sep = _token_text(specials["cls_token"]), _token_text(specials["sep_token"])
+    tokenizer.post_processor = processors.RobertaProcessing(
+        (sep, tokenizer.token_to_id(sep)), (cls, tokenizer.token_to_id(cls)), True, False
+    )
+    return tokenizer
+
+
+def _mpnet_special(key: str, text: str) -> Any:
+    """A special token MPNetTokenizer's __init__ is given as text: its AddedToken (normalized,
+    not stripped; `<mask>` strips the space on its left, "behaves like a normal word")."""
+    from tokenizers import AddedToken
+
+    return AddedToken(text, lstrip=key == "mask_token", rstrip=False)
+
+
+def _same_special_tokens_map(path: Path, config: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """ValueError when the folder's special_tokens_map.json names a special token other than
+    tokenizer_config.json (or the class's default) does."""
+    special_map = path / "special_tokens_map.json"
+    if special_map.is_file():
+        for key, value in json.loads(special_map.read_text()).items():
+            configured = config.get(key, defaults.get(key))
+            if key not in defaults or _token_text(value) != _token_text(configured):
+                raise ValueError(f"special_tokens_map.json's {key} differs")
+
+
+def _add_config_tokens(
+    tokenizer: Any,
+    config: dict[str, Any],
+    specials: dict[str, Any],
+    from_text: Callable[[str, str], Any] | None = None,
+) -> None:
+    """Add the tokens transformers 5's TokenizersBackend adds: the config's added tokens in id
+    order, then the special tokens not among them, those named as special tokens marked
+    special. A special token named as text is built by `from_text(key, text)` (the class's
+    __init__'s AddedToken), else as a plain special token."""
+    decoder = config.get("added_tokens_decoder") or {}
+    tokens = [
+        _added_token(token)
+        for _index, token in sorted(decoder.items(), key=lambda item: int(item[0]))
+    ]
+    named = {_token_text(token) for token in specials.values()}
+    for key, token in specials.items():
+        if _token_text(token) not in {str(known) for known in tokens}:
+            if isinstance(token, str) and from_text is not None:
+                tokens.append(from_text(key, token))
+            else:
+                tokens.append(_added_token(token))
+    for token in tokens:
+        if str(token) in named:
+            token.special = True
+    tokenizer.add_tokens([token for token in tokens if not token.special])
+    tokenizer.add_special_tokens([token for token in tokens if token.special])
 
 
 def _precompiled_charsmap(normalizer: dict[str, Any] | None) -> str | None:
@@ -265,11 +358,9 @@ def load_fast(path: Path) -> BertTokenizer:
     if config.get("auto_map"):
         raise ValueError("tokenizer_config.json's auto_map names a tokenizer of the folder's own")
     found = config.get("tokenizer_class")
-    cls = (
-        XLMRobertaTokenizer
-        if found in XLMR_CLASSES
-        else DistilBertTokenizer
-        if found in DISTILBERT_CLASSES
-        else BertTokenizer
-    )
+    cls = next(
+        (kind for kind in (XLMRobertaTokenizer, DistilBertTokenizer, MPNetTokenizer)
+         if found in kind.classes),
+        BertTokenizer,
+    )  # fmt: skip
     return cls._from_files(path, config, text)

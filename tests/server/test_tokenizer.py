@@ -59,32 +59,79 @@ def test_same_special_token_ids_limit_and_input_names_as_transformers(both) -> N
     assert direct.model_input_names == reference.model_input_names
 
 
+WORDPIECE_TEXTS = [*TEXTS, "<s> </s> <mask> <pad> look special", "a<mask>b <mask> c", "   <mask>",
+                   "<S> </S> <MASK> <Pad> in upper case"]  # fmt: skip
+
+
 @pytest.mark.parametrize("layout", zoo.LAYOUTS)
-def test_a_distilbert_tokenizer_encodes_as_transformers_without_token_types(
-    tmp_path: Path, layout: str
+@pytest.mark.parametrize(
+    ("family", "name"), [("distilbert", "DistilBertTokenizer"), ("mpnet", "MPNetTokenizer")]
+)
+def test_distilbert_and_mpnet_tokenizers_encode_and_decode_as_transformers(
+    tmp_path: Path, layout: str, family: str, name: str
 ) -> None:
-    """DistilBERT's tokenizer (msmarco-distilbert, distiluse-base-multilingual) is BERT's whose
-    model takes no token type ids: read straight from tokenizer.json, it gives transformers'
-    ids and masks, and its input names leave token types out (DistilBertModel has no such
-    argument)."""
+    """DistilBERT's tokenizer (msmarco-distilbert, distiluse) is BERT's whose model takes no
+    token type ids; MPNet's (all-mpnet-base-v2) a WordPiece vocabulary that transformers 5
+    rebuilds with `<s> ... </s>` and a `<mask>` that takes the space before it. Read without
+    transformers, each gives transformers' ids, masks, offsets and decoding, and input names
+    without token types (neither model takes them)."""
     from transformers import AutoTokenizer
 
-    from warmgate_server.tokenizer import DistilBertTokenizer, load_fast
+    from warmgate_server.tokenizer import load_fast
 
-    folder = zoo.build("distilbert", layout, tmp_path)
+    folder = zoo.build(family, layout, tmp_path)
     direct, reference = load_fast(folder), AutoTokenizer.from_pretrained(str(folder))
-    assert type(direct) is DistilBertTokenizer
-    assert type(reference).__name__ == "DistilBertTokenizer"
-    ours = direct(TEXTS, return_special_tokens_mask=True)
-    theirs = reference(TEXTS, return_special_tokens_mask=True, verbose=False)
+    assert type(direct).__name__ == type(reference).__name__ == name
+    ours = direct(WORDPIECE_TEXTS, return_special_tokens_mask=True, return_offsets_mapping=True)
+    theirs = reference(
+        WORDPIECE_TEXTS, return_special_tokens_mask=True, return_offsets_mapping=True,
+        verbose=False,
+    )  # fmt: skip
     assert ours["input_ids"] == theirs["input_ids"]
     assert ours["special_tokens_mask"] == theirs["special_tokens_mask"]
-    names = ["input_ids", "attention_mask"]
-    assert direct.model_input_names == reference.model_input_names == names
-    assert (direct.pad_token_id, direct.cls_token_id) == (
-        reference.pad_token_id,
-        reference.cls_token_id,
+    assert ours["offset_mapping"] == [list(map(tuple, row)) for row in theirs["offset_mapping"]]
+    # The test can fail: the texts are not all unknown pieces.
+    assert len({tuple(ids) for ids in ours["input_ids"]}) >= len(WORDPIECE_TEXTS) - 2
+    assert direct.batch_decode(ours["input_ids"]) == reference.batch_decode(
+        theirs["input_ids"], skip_special_tokens=True
     )
+    assert direct.convert_ids_to_tokens(ours["input_ids"][3]) == reference.convert_ids_to_tokens(
+        theirs["input_ids"][3]
+    )
+    for attribute in ("pad_token_id", "cls_token_id", "model_max_length", "model_input_names"):
+        assert getattr(direct, attribute) == getattr(reference, attribute), attribute
+    assert direct.model_input_names == ["input_ids", "attention_mask"]
+    assert len(direct) == len(reference)
+    # The added tokens with their flags (lstrip on <mask>, special, normalized), as transformers'.
+    ours_added = direct._tokenizer.get_added_tokens_decoder()
+    assert repr(sorted(ours_added.items())) == repr(
+        sorted(reference.backend_tokenizer.get_added_tokens_decoder().items())
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "reason"),
+    [
+        ("tokenizer.json", lambda d: d["model"].update(type="BPE"), "is not WordPiece"),
+        (
+            "tokenizer_config.json",
+            lambda d: d.update(added_tokens_decoder={"999": {"content": "<new>"}}),
+            "'<new>' is not in the vocabulary",
+        ),
+        ("tokenizer_config.json", lambda d: d.update(mask_token="<m>"), "'<m>' is not in the"),
+        ("special_tokens_map.json", lambda d: d.update(pad_token="[UNK]"), "pad_token differs"),
+    ],
+)
+def test_mpnet_folders_transformers_could_build_otherwise_are_refused(
+    tmp_path, name, change, reason
+) -> None:
+    from warmgate_server.tokenizer import load_fast
+
+    folder = zoo.build("mpnet", "current", tmp_path / "zoo")
+    if name == "special_tokens_map.json" and not (folder / name).exists():
+        (folder / name).write_text(json.dumps({"pad_token": "<pad>"}))
+    with pytest.raises(ValueError, match=reason):
+        load_fast(rewrite(folder, tmp_path, name, change))
 
 
 def rewrite(folder, tmp_path, name, change):
@@ -221,19 +268,23 @@ def test_xlm_roberta_folders_transformers_could_build_otherwise_are_refused(
         load_fast(rewrite(xlmr["sentencepiece"], tmp_path, name, change))
 
 
-@pytest.mark.parametrize("family", ["bert", "xlm-roberta", "roberta-wordpiece", "distilbert"])
+@pytest.mark.parametrize(
+    "family", ["bert", "xlm-roberta", "roberta-wordpiece", "distilbert", "mpnet"]
+)
 def test_a_packed_server_process_never_imports_transformers(
     minilm_dir, xlmr, tmp_path: Path, family: str
 ) -> None:
     """What the direct tokenizers are for: loading MiniLM, an XLM-R model (bge-m3's and
-    multilingual-e5's path), a RoBERTa with KLUE's WordPiece tokenizer (ko-sroberta's) or a
-    DistilBERT (msmarco-distilbert's) for serving on the CPU (packed forward pass,
-    tokenizer.json) leaves transformers unimported: a second or more of CPU less per pod start
+    multilingual-e5's path), a RoBERTa with KLUE's WordPiece tokenizer (ko-sroberta's), a
+    DistilBERT (msmarco-distilbert's) or an MPNet (all-mpnet's) for serving on the CPU (packed
+    forward pass, tokenizer.json) leaves transformers unimported: a second or more of CPU less
+    per pod start
     (more for a 250,000-piece XLM-R tokenizer, which transformers rebuilds from a Python
     list)."""
-    if family in ("roberta-wordpiece", "distilbert"):
+    own = {"distilbert": "DistilBertTokenizer", "mpnet": "MPNetTokenizer"}
+    if family in ("roberta-wordpiece", *own):
         folder = zoo.build(family, "current", tmp_path)
-        name = "DistilBertTokenizer" if family == "distilbert" else "BertTokenizer"
+        name = own.get(family, "BertTokenizer")
     else:
         folder, name = {
             "bert": (minilm_dir, "BertTokenizer"),
