@@ -1,5 +1,5 @@
 """BERT-family encoders (BERT: all-MiniLM, bge, e5; XLM-RoBERTa: bge-m3, multilingual-e5,
-KURE; RoBERTa and CamemBERT) run by warmgate's own forward passes.
+KURE; RoBERTa and CamemBERT; DistilBERT; MPNet: all-mpnet) run by warmgate's own forward passes.
 
 A padded batch of n inputs at bucket L costs n x L tokens in every linear layer, which is where
 almost all of the work is (about 21 of MiniLM's 22 MFLOP per token). The padding-free pass
