@@ -428,11 +428,11 @@ def _varlen_attention(device: torch.device, dtype: torch.dtype) -> Callable[...,
 
 
 def _canonical(state: Mapping[str, torch.Tensor], model_type: Any) -> dict[str, torch.Tensor]:
-    """BertModel key names: no `bert.`, `roberta.` or `distilbert.` prefix (BertFor*,
-    RobertaFor*, DistilBertFor* checkpoints), LayerNorm weight/bias rather than the old
-    gamma/beta, DistilBERT's layers under BERT's names. In a checkpoint whose base model's
-    weights carry the prefix, the weights without it are its task head (an MLM head's `cls.`,
-    `lm_head.`, `vocab_projector.`): left out, as transformers' AutoModel and
+    """BertModel key names: no `bert.`, `roberta.`, `distilbert.` or `mpnet.` prefix (BertFor*,
+    RobertaFor*, DistilBertFor*, MPNetFor* checkpoints), LayerNorm weight/bias rather than the
+    old gamma/beta, DistilBERT's and MPNet's layers under BERT's names. In a checkpoint whose
+    base model's weights carry the prefix, the weights without it are its task head (an MLM
+    head's `cls.`, `lm_head.`, `vocab_projector.`): left out, as transformers' AutoModel and
     sentence-transformers leave them, and logged."""
     headed = any(key.startswith(_BASE_PREFIXES) for key in state)
     renames = _RENAMES.get(model_type, ())
