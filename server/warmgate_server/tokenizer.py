@@ -300,8 +300,10 @@ def _add_config_tokens(
 ) -> None:
     """Add the tokens transformers 5's TokenizersBackend adds: the config's added tokens in id
     order, then the special tokens not among them, those named as special tokens marked
-    special. A special token named as text is built by `from_text(key, text)` (the class's
-    __init__'s AddedToken), else as a plain special token."""
+    special. A special token not among the added tokens is built from its text alone, as
+    transformers 5 builds it (the flags of a `{"content": ...}` form are not read: a hub
+    config's `<mask>` with `"normalized": true` is added not normalized): by `from_text(key,
+    text)` (the class's __init__'s AddedToken), else as a plain special token."""
     decoder = config.get("added_tokens_decoder") or {}
     tokens = [
         _added_token(token)
@@ -309,11 +311,9 @@ def _add_config_tokens(
     ]
     named = {_token_text(token) for token in specials.values()}
     for key, token in specials.items():
-        if _token_text(token) not in {str(known) for known in tokens}:
-            if isinstance(token, str) and from_text is not None:
-                tokens.append(from_text(key, token))
-            else:
-                tokens.append(_added_token(token))
+        text = _token_text(token)
+        if text is not None and text not in {str(known) for known in tokens}:
+            tokens.append(from_text(key, text) if from_text else _added_token(text))
     for token in tokens:
         if str(token) in named:
             token.special = True

@@ -308,3 +308,74 @@ def test_a_packed_server_process_never_imports_transformers(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[-3:-1] == [name, "[]"]
+
+
+def _hub_config(folder: Path, variant: str) -> None:
+    """Rewrite `folder`'s tokenizer config as hub folders carry it. "mask-dict": `<mask>` in its
+    `{"content": ...}` form with flags of its own (`normalized: true`, as all-mpnet-base-v2's and
+    multilingual-e5's configs have it), no added_tokens_decoder, a special_tokens_map.json;
+    "decoder-flags": an added_tokens_decoder whose special tokens are normalized, and a word of
+    the vocabulary added as a token."""
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    mask = {"content": "<mask>", "single_word": False, "lstrip": True, "rstrip": False,
+            "normalized": True}  # fmt: skip
+    if variant == "mask-dict":
+        config.pop("added_tokens_decoder", None)
+        config["mask_token"] = {**mask, "__type": "AddedToken"}
+        names = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token")
+        special_map = {name: config[name] for name in names if isinstance(config.get(name), str)}
+        (folder / "special_tokens_map.json").write_text(
+            json.dumps({**special_map, "mask_token": mask})
+        )
+    else:
+        spec = json.loads((folder / "tokenizer.json").read_text())
+        vocab = spec["model"]["vocab"]
+        pieces = (
+            vocab
+            if isinstance(vocab, dict)
+            else dict((piece, i) for i, (piece, _s) in enumerate(vocab))
+        )
+        word = next(piece for piece in pieces if piece.isalpha() and len(piece) > 3)
+        flags = {"lstrip": False, "rstrip": False, "single_word": False, "normalized": True}
+        config["added_tokens_decoder"] = {
+            str(pieces[config["bos_token"]]): {
+                **flags,
+                "content": config["bos_token"],
+                "special": True,
+            },
+            str(pieces["<mask>"]): {**flags, "content": "<mask>", "lstrip": True, "special": True},
+            str(pieces[word]): {**flags, "content": word, "special": False},
+        }
+    config_file.write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("variant", ["mask-dict", "decoder-flags"])
+@pytest.mark.parametrize("family", ["mpnet", "xlm-roberta-mean"])
+def test_hub_configs_special_tokens_are_added_as_transformers_adds_them(
+    tmp_path: Path, family: str, variant: str
+) -> None:
+    """transformers 5 adds a special token that added_tokens_decoder does not list from its text
+    alone (a `<mask>` written with `"normalized": true` is added not normalized, and XLM-R's
+    without its lstrip), and one that it lists with the listed flags: the direct tokenizers add
+    the same tokens with the same flags, so a text with special tokens in upper case or full
+    width, or a listed word, gets transformers' ids and offsets."""
+    from transformers import AutoTokenizer
+
+    from warmgate_server.tokenizer import load_fast
+
+    folder = zoo.build(family, "current", tmp_path)
+    _hub_config(folder, variant)
+    direct, reference = load_fast(folder), AutoTokenizer.from_pretrained(str(folder))
+    ours_added = direct._tokenizer.get_added_tokens_decoder()
+    assert repr(sorted(ours_added.items())) == repr(
+        sorted(reference.backend_tokenizer.get_added_tokens_decoder().items())
+    )
+    texts = [*WORDPIECE_TEXTS, "a <MASK> b \uff1cmask\uff1e c <mask>", "x<mask>y <S>"]
+    ours = direct(texts, return_offsets_mapping=True, return_special_tokens_mask=True)
+    theirs = reference(
+        texts, return_offsets_mapping=True, return_special_tokens_mask=True, verbose=False
+    )
+    assert ours["input_ids"] == theirs["input_ids"]
+    assert ours["special_tokens_mask"] == theirs["special_tokens_mask"]
+    assert ours["offset_mapping"] == [list(map(tuple, row)) for row in theirs["offset_mapping"]]
