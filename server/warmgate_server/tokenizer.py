@@ -22,12 +22,13 @@ XLM-RoBERTa (bge-m3, multilingual-e5, KURE, arctic-embed-l-v2.0): transformers 5
 the file's pipeline; it rebuilds one from the file's Unigram pieces and SentencePiece character
 map (`XLMRobertaTokenizer.__init__`): that map as the only normalizer, whitespace split then
 Metaspace (its prefix space from `add_prefix_space`), `<s> ... </s>`, the unknown piece at id
-3, the special tokens of `tokenizer_config.json` added with their flags. `XLMRobertaTokenizer`
-here builds the same from the same parts, taken only where that is all there is: a Unigram
-model whose first four pieces are `<s> <pad> </s> <unk>`, every added or special token already
-a piece, no `special_tokens_map.json` that says otherwise. tests/server/test_tokenizer.py
-compares both with transformers' on multilingual text, so a transformers release that builds
-differently fails there.
+3, the added tokens of `tokenizer_config.json` with their flags, then its special tokens that
+those do not list, from their text alone (a `<mask>` written with flags of its own is added
+without them). `XLMRobertaTokenizer` here builds the same from the same parts, taken only
+where that is all there is: a Unigram model whose first four pieces are `<s> <pad> </s> <unk>`,
+every added or special token already a piece, no `special_tokens_map.json` that says
+otherwise. tests/server/test_tokenizer.py compares both with transformers' on multilingual
+text, so a transformers release that builds differently fails there.
 
 MPNet (all-mpnet-base-v2): transformers 5 rebuilds it too, from the file's WordPiece vocabulary
 with its own defaults, a BertNormalizer from `tokenizer_config.json`, BERT's pre-tokenizer and
