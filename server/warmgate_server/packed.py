@@ -14,8 +14,11 @@ projections are fused into one matrix multiplication. Same weights, same maths a
 Face forward pass (tests compare both with sentence-transformers), less work.
 
 The RoBERTa family differs from BERT in one place the forward pass sees: its position ids start
-at `pad_token_id + 1` (so 514 position embeddings hold 512 tokens). Its layers carry the same
-weights under the same names. DistilBERT (msmarco-distilbert, multi-qa-distilbert,
+at `pad_token_id + 1` (so 514 position embeddings hold 512 tokens), and count only the tokens
+that are not the padding token: a `<pad>` written in the text (its tokenizer makes it the
+padding id) takes position `pad_token_id` and the tokens after it go on from where the count
+was, as transformers' `create_position_ids_from_input_ids` numbers them. Its layers carry the
+same weights under the same names. DistilBERT (msmarco-distilbert, multi-qa-distilbert,
 distiluse-base-multilingual) is BERT's layer under other names (`transformer.layer.N.ffn.lin1`
 for `encoder.layer.N.intermediate.dense`, `dim` for `hidden_size`, ...) without token type
 embeddings: its checkpoint and config.json are read into BERT's names (`_DISTILBERT_NAMES`,
@@ -219,7 +222,9 @@ class PackedBert:
             )
         try:
             self.word = state["embeddings.word_embeddings.weight"]
-            self.position = state["embeddings.position_embeddings.weight"][self.offset :]
+            self.position = state["embeddings.position_embeddings.weight"]
+            """Every position embedding: a position id indexes it as it is (RoBERTa's from
+            pad_token_id + 1, a padding token's at pad_token_id)."""
             self.token_type = (
                 state["embeddings.token_type_embeddings.weight"][0] if token_types else None
             )
@@ -325,6 +330,7 @@ class PackedBert:
             keys = keys[:, None, None, :]  # (rows, 1, 1, seq_len): which keys each row attends
             attend = self._padded_attend(slot, keys, rows, seq_len)
 
+        position = self._position_ids(token_ids, position, starts, row_of)
         x = self.word[self._on_device(token_ids)] + self.position[self._on_device(position)]
         if self.token_type is not None:
             x = x + self.token_type
@@ -342,7 +348,12 @@ class PackedBert:
         least one real token. Static shapes and no host synchronisation: a CUDA graph can
         capture it."""
         rows, seq_len = ids.shape
-        x = self.word[ids] + self.position[:seq_len]
+        if self.offset:  # the padding token's id is offset - 1: it counts no position
+            real = ids != self.offset - 1
+            positions = torch.cumsum(real, dim=1) * real + (self.offset - 1)
+        else:
+            positions = torch.arange(seq_len, device=ids.device)
+        x = self.word[ids] + self.position[positions]
         if self.token_type is not None:
             x = x + self.token_type
         x = self._norm(x, self.embedding_norm).reshape(rows * seq_len, self.hidden)
@@ -352,6 +363,23 @@ class PackedBert:
         for layer in kernel.layers:
             x = self._layer(kernel, layer, x, attend)
         return x.view(rows, seq_len, self.hidden)
+
+    def _position_ids(
+        self, token_ids: np.ndarray, index: np.ndarray, starts: np.ndarray, row_of: np.ndarray
+    ) -> np.ndarray:
+        """Each packed token's position id: its index in its input (BERT, DistilBERT), or, where
+        position ids start past the padding token's id (RoBERTa, MPNet), that start plus the
+        count of its input's tokens so far that are not the padding token, and the padding
+        token's id for a padding token (transformers' create_position_ids_from_input_ids)."""
+        if not self.offset:
+            return index
+        pad = self.offset - 1
+        real = token_ids != pad
+        if real.all():
+            return index + self.offset
+        counted = np.cumsum(real)
+        before = np.concatenate([[0], counted])[starts]  # real tokens of the rows before
+        return np.where(real, counted - before[row_of] + pad, pad)
 
     def _on_device(self, array: np.ndarray) -> torch.Tensor:
         tensor = torch.from_numpy(array)

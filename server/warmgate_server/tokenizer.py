@@ -180,19 +180,18 @@ class MPNetTokenizer(BertTokenizer):
 
     @classmethod
     def _build(cls, path: Path, config: dict[str, Any], text: str) -> MPNetTokenizer:
-        _same_special_tokens_map(path, config, MPNET_SPECIALS)
         spec = json.loads(text)
+        specials = _special_tokens(path, config, MPNET_SPECIALS)
         model = spec.get("model") or {}
         vocab = model.get("vocab")
         if model.get("type", "WordPiece") != "WordPiece" or not isinstance(vocab, dict):
             raise ValueError(f"model {model.get('type')!r} is not WordPiece")
-        specials = {key: config.get(key, default) for key, default in MPNET_SPECIALS.items()}
         added = (config.get("added_tokens_decoder") or {}).values()
         file_added = spec.get("added_tokens") or []
         for token in [*added, *specials.values(), *file_added]:
             if _token_text(token) not in vocab:
                 raise ValueError(f"added token {_token_text(token)!r} is not in the vocabulary")
-        return cls(_mpnet_backend(vocab, config, specials), config)
+        return cls(_mpnet_backend(vocab, spec, config, specials), config)
 
 
 class XLMRobertaTokenizer(BertTokenizer):
@@ -203,8 +202,8 @@ class XLMRobertaTokenizer(BertTokenizer):
 
     @classmethod
     def _build(cls, path: Path, config: dict[str, Any], text: str) -> XLMRobertaTokenizer:
-        _same_special_tokens_map(path, config, XLMR_SPECIALS)
         spec = json.loads(text)
+        specials = _special_tokens(path, config, XLMR_SPECIALS)
         model = spec.get("model") or {}
         if model.get("type") != "Unigram":
             raise ValueError(f"model {model.get('type')!r} is not Unigram")
@@ -212,7 +211,6 @@ class XLMRobertaTokenizer(BertTokenizer):
         if [piece for piece, _score in vocab[:4]] != XLMR_FIRST_PIECES:
             raise ValueError("the first pieces are not <s> <pad> </s> <unk>")
         pieces = {piece for piece, _score in vocab}
-        specials = {key: config.get(key, default) for key, default in XLMR_SPECIALS.items()}
         added = [*(config.get("added_tokens_decoder") or {}).values(), *specials.values()]
         for token in [*added, *(spec.get("added_tokens") or [])]:
             if _token_text(token) not in pieces:
@@ -242,7 +240,7 @@ def _xlmr_backend(
         ]
     )
     tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)
-    _add_config_tokens(tokenizer, config, specials)
+    _add_config_tokens(tokenizer, config, spec, specials)
     bos, eos = _token_text(specials["bos_token"]), _token_text(specials["eos_token"])
     tokenizer.post_processor = processors.TemplateProcessing(
         single=[bos, "$A", eos],
@@ -252,7 +250,9 @@ def _xlmr_backend(
     return tokenizer
 
 
-def _mpnet_backend(vocab: dict[str, int], config: dict[str, Any], specials: dict[str, Any]) -> Any:
+def _mpnet_backend(
+    vocab: dict[str, int], spec: dict[str, Any], config: dict[str, Any], specials: dict[str, Any]
+) -> Any:
     """The `tokenizers.Tokenizer` that transformers 5's MPNetTokenizer builds."""
     from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordPiece
@@ -266,7 +266,7 @@ def _mpnet_backend(vocab: dict[str, int], config: dict[str, Any], specials: dict
     )
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece(prefix="##")
-    _add_config_tokens(tokenizer, config, specials, _mpnet_special)
+    _add_config_tokens(tokenizer, config, spec, specials, _mpnet_special)
     cls, sep = _token_text(specials["cls_token"]), _token_text(specials["sep_token"])
     tokenizer.post_processor = processors.RobertaProcessing(
         (sep, tokenizer.token_to_id(sep)), (cls, tokenizer.token_to_id(cls)), True, False
@@ -282,39 +282,54 @@ def _mpnet_special(key: str, text: str) -> Any:
     return AddedToken(text, lstrip=key == "mask_token", rstrip=False)
 
 
-def _same_special_tokens_map(path: Path, config: dict[str, Any], defaults: dict[str, Any]) -> None:
-    """ValueError when the folder's special_tokens_map.json names a special token other than
-    tokenizer_config.json (or the class's default) does."""
+def _special_tokens(path: Path, config: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The special tokens as transformers 5 reads them: tokenizer_config.json's (the class's
+    defaults for those it lacks); where the config has no added_tokens_decoder (a config
+    written before transformers 4.34, as many hub models' are), special_tokens_map.json's take
+    their place, their `{"content": ...}` forms special. ValueError when special_tokens_map.json
+    names another token than the config, or (without added_tokens_decoder) an
+    added_tokens.json adds tokens: transformers would build those otherwise."""
+    specials = {key: config.get(key, default) for key, default in defaults.items()}
+    legacy = "added_tokens_decoder" not in config
     special_map = path / "special_tokens_map.json"
     if special_map.is_file():
         for key, value in json.loads(special_map.read_text()).items():
-            configured = config.get(key, defaults.get(key))
-            if key not in defaults or _token_text(value) != _token_text(configured):
+            if key not in defaults or _token_text(value) != _token_text(specials[key]):
                 raise ValueError(f"special_tokens_map.json's {key} differs")
+            if legacy:
+                specials[key] = {**value, "special": True} if isinstance(value, dict) else value
+    if legacy and (path / "added_tokens.json").is_file():
+        raise ValueError("added_tokens.json without an added_tokens_decoder")
+    return specials
 
 
 def _add_config_tokens(
     tokenizer: Any,
     config: dict[str, Any],
+    spec: dict[str, Any],
     specials: dict[str, Any],
     from_text: Callable[[str, str], Any] | None = None,
 ) -> None:
-    """Add the tokens transformers 5's TokenizersBackend adds: the config's added tokens in id
-    order, then the special tokens not among them, those named as special tokens marked
-    special. A special token not among the added tokens is built from its text alone, as
-    transformers 5 builds it (the flags of a `{"content": ...}` form are not read: a hub
-    config's `<mask>` with `"normalized": true` is added not normalized): by `from_text(key,
-    text)` (the class's __init__'s AddedToken), else as a plain special token."""
-    decoder = config.get("added_tokens_decoder") or {}
-    tokens = [
-        _added_token(token)
-        for _index, token in sorted(decoder.items(), key=lambda item: int(item[0]))
-    ]
+    """Add the tokens transformers 5's TokenizersBackend adds: the added tokens in id order,
+    with their flags (tokenizer_config.json's added_tokens_decoder, or where the config has
+    none, as in configs written before transformers 4.34, tokenizer.json's `added_tokens`:
+    transformers reads them in its place), then the special tokens not among them, those
+    named as special tokens marked special. A special token given as text is built by
+    `from_text(key, text)` (the class's __init__'s AddedToken), else as a plain special token;
+    one in its `{"content": ...}` form with its own flags."""
+    if "added_tokens_decoder" in config:
+        decoder = config["added_tokens_decoder"] or {}
+        listed = [token for _index, token in sorted(decoder.items(), key=lambda i: int(i[0]))]
+    else:
+        entries = sorted(spec.get("added_tokens") or [], key=lambda entry: int(entry["id"]))
+        listed = [{k: v for k, v in entry.items() if k != "id"} for entry in entries]
+    tokens = [_added_token(token) for token in listed]
     named = {_token_text(token) for token in specials.values()}
     for key, token in specials.items():
         text = _token_text(token)
         if text is not None and text not in {str(known) for known in tokens}:
-            tokens.append(from_text(key, text) if from_text else _added_token(text))
+            built = from_text(key, token) if from_text and isinstance(token, str) else None
+            tokens.append(built if built is not None else _added_token(token))
     for token in tokens:
         if str(token) in named:
             token.special = True

@@ -285,3 +285,43 @@ def test_mpnet_attends_with_its_relative_position_bias_on_every_pass(
 
 
 CLOSE = {"atol": 2e-5, "rtol": 1e-4}
+
+
+@pytest.mark.parametrize(
+    "family", [*(f for f, offset in FAMILY_OFFSETS.items() if offset), "mpnet"]
+)
+def test_a_padding_token_written_in_the_text_takes_transformers_positions(
+    tmp_path_factory: pytest.TempPathFactory, family: str
+) -> None:
+    """A `<pad>` (`[PAD]`) written in the text is the padding id once tokenized; RoBERTa's and
+    MPNet's position ids skip it (transformers' create_position_ids_from_input_ids): it takes
+    position pad_token_id and the tokens after it go on from the count before it. The packed
+    pass (mixed lengths, one length) and the static pass give transformers' states for such
+    inputs, beside inputs without one."""
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = zoo.build(family, "current", tmp_path_factory.mktemp("zoo"))
+    model = AutoModel.from_pretrained(str(folder)).eval()
+    packed = PackedBert.from_folder(folder, torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    pad = tokenizer.pad_token_id
+    assert pad == packed.offset - 1
+    texts = [
+        f"the cat {tokenizer.pad_token} sat on the mat",
+        "a dog ran",
+        f"{tokenizer.pad_token} x",
+    ]
+    batch = tokenizer(texts)["input_ids"]
+    assert all(pad in ids[1:-1] for ids in (batch[0], batch[2]))  # in the text, not padding
+    with torch.inference_mode():
+        for inputs in (batch, [batch[0], batch[0]]):
+            seq_len = max(map(len, inputs))
+            ids, mask = padded_batch(inputs, len(inputs), seq_len, pad)
+            want = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            states, starts, lengths = packed.encode(inputs, seq_len, len(inputs))
+            dense = packed.dense(ids, mask)
+            for row, (start, length) in enumerate(zip(starts, lengths, strict=True)):
+                torch.testing.assert_close(
+                    states[start : start + length], want[row, :length], **CLOSE
+                )
+                torch.testing.assert_close(dense[row, :length], want[row, :length], **CLOSE)

@@ -311,55 +311,66 @@ def test_a_packed_server_process_never_imports_transformers(
 
 
 def _hub_config(folder: Path, variant: str) -> None:
-    """Rewrite `folder`'s tokenizer config as hub folders carry it. "mask-dict": `<mask>` in its
-    `{"content": ...}` form with flags of its own (`normalized: true`, as all-mpnet-base-v2's and
-    multilingual-e5's configs have it), no added_tokens_decoder, a special_tokens_map.json;
-    "decoder-flags": an added_tokens_decoder whose special tokens are normalized, and a word of
-    the vocabulary added as a token."""
-    config_file = folder / "tokenizer_config.json"
-    config = json.loads(config_file.read_text())
+    """Rewrite `folder`'s tokenizer files as hub folders carry them, with flags that differ
+    from what each class builds from a token's text. "legacy": a config written before
+    transformers 4.34 (no added_tokens_decoder; `<mask>` in its `{"content": ...}` form, as
+    all-mpnet-base-v2's and multilingual-e5's configs have it; a special_tokens_map.json), and
+    tokenizer.json's `<mask>` stripping on its left, not normalized, and a word of the
+    vocabulary among its added tokens; "decoder-flags": an
+    added_tokens_decoder whose special tokens are normalized, and a word of the vocabulary
+    added as a token; "decoder-without-mask": an added_tokens_decoder that does not list the
+    `<mask>` of the config's `{"content": ...}` form."""
+    config_file, file_json = folder / "tokenizer_config.json", folder / "tokenizer.json"
+    config, spec = json.loads(config_file.read_text()), json.loads(file_json.read_text())
     mask = {"content": "<mask>", "single_word": False, "lstrip": True, "rstrip": False,
             "normalized": True}  # fmt: skip
-    if variant == "mask-dict":
+    vocab = spec["model"]["vocab"]
+    pieces = vocab if isinstance(vocab, dict) else {p: i for i, (p, _s) in enumerate(vocab)}
+    flags = {"lstrip": False, "rstrip": False, "single_word": False, "normalized": True}
+    if variant == "legacy":
         config.pop("added_tokens_decoder", None)
-        config["mask_token"] = {**mask, "__type": "AddedToken"}
+        config_mask = {**mask, "lstrip": False}  # the file's (below) is what counts
+        config["mask_token"] = {**config_mask, "__type": "AddedToken"}
         names = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token")
         special_map = {name: config[name] for name in names if isinstance(config.get(name), str)}
         (folder / "special_tokens_map.json").write_text(
-            json.dumps({**special_map, "mask_token": mask})
+            json.dumps({**special_map, "mask_token": config_mask})
         )
-    else:
-        spec = json.loads((folder / "tokenizer.json").read_text())
-        vocab = spec["model"]["vocab"]
-        pieces = (
-            vocab
-            if isinstance(vocab, dict)
-            else dict((piece, i) for i, (piece, _s) in enumerate(vocab))
-        )
+        for entry in spec["added_tokens"]:
+            if entry["content"] == "<mask>":
+                entry.update(lstrip=True, normalized=False)
         word = next(piece for piece in pieces if piece.isalpha() and len(piece) > 3)
-        flags = {"lstrip": False, "rstrip": False, "single_word": False, "normalized": True}
+        spec["added_tokens"].append({"id": pieces[word], "content": word, **flags,
+                                     "special": False})  # fmt: skip
+        file_json.write_text(json.dumps(spec))
+    elif variant == "decoder-flags":
+        word = next(piece for piece in pieces if piece.isalpha() and len(piece) > 3)
         config["added_tokens_decoder"] = {
-            str(pieces[config["bos_token"]]): {
-                **flags,
-                "content": config["bos_token"],
-                "special": True,
-            },
+            str(pieces[config["bos_token"]]): {**flags, "content": config["bos_token"],
+                                               "special": True},
             str(pieces["<mask>"]): {**flags, "content": "<mask>", "lstrip": True, "special": True},
             str(pieces[word]): {**flags, "content": word, "special": False},
-        }
+        }  # fmt: skip
+    else:
+        config["added_tokens_decoder"] = {
+            str(pieces[config["bos_token"]]): {**flags, "content": config["bos_token"],
+                                               "special": True},
+        }  # fmt: skip
+        config["mask_token"] = {**mask, "__type": "AddedToken"}
     config_file.write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize("variant", ["mask-dict", "decoder-flags"])
+@pytest.mark.parametrize("variant", ["legacy", "decoder-flags", "decoder-without-mask"])
 @pytest.mark.parametrize("family", ["mpnet", "xlm-roberta-mean"])
 def test_hub_configs_special_tokens_are_added_as_transformers_adds_them(
     tmp_path: Path, family: str, variant: str
 ) -> None:
-    """transformers 5 adds a special token that added_tokens_decoder does not list from its text
-    alone (a `<mask>` written with `"normalized": true` is added not normalized, and XLM-R's
-    without its lstrip), and one that it lists with the listed flags: the direct tokenizers add
-    the same tokens with the same flags, so a text with special tokens in upper case or full
-    width, or a listed word, gets transformers' ids and offsets."""
+    """transformers 5 adds the tokens of the config's added_tokens_decoder with their flags, or,
+    in a config without one, tokenizer.json's added tokens with theirs; a special token listed
+    in neither, from the config (its `{"content": ...}` form with that form's flags). The
+    direct tokenizers add the same tokens with the same flags, so a text with special tokens
+    in upper case or full width, after a space or inside a word, gets transformers' ids and
+    offsets."""
     from transformers import AutoTokenizer
 
     from warmgate_server.tokenizer import load_fast
