@@ -166,6 +166,9 @@ def supports_config(config: Mapping[str, Any]) -> str | None:
     if config.get("model_type") == "mpnet" and buckets != _MPNET_BUCKETS:
         # MPNetEncoder buckets distances into 32 whatever the embedding holds
         return f"relative_attention_num_buckets {buckets} is not {_MPNET_BUCKETS}"
+    for key in ("hidden_size", "num_attention_heads", "num_hidden_layers"):
+        if not isinstance(config.get(key), int):
+            return f"config.json has no {key}"
     if config.get("auto_map"):
         return "config.json's auto_map names custom code"
     if config.get("position_embedding_type", "absolute") != "absolute":
@@ -494,8 +497,10 @@ def _own_name(key: str, model_type: Any) -> str:
 def relative_bias(weight: torch.Tensor, positions: int) -> torch.Tensor:
     """MPNet's relative position bias for sequences of up to `positions` tokens: (heads,
     positions, positions), entry (h, i, j) the bias head h adds to query i's score for key j.
-    The buckets are MPNetEncoder.relative_position_bucket's, computed as it does (in float32 on
-    the CPU): 8 exact distances each way, then logarithmic up to 128, 16 buckets a direction."""
+    The buckets are MPNetEncoder.relative_position_bucket's, computed as it computes them on a
+    CPU (float32; on a GPU it computes them there, where a logarithm one ulp off at a bucket's
+    edge could move a distance to the next bucket): 8 exact distances each way, then
+    logarithmic up to 128, 16 buckets a direction."""
     index = torch.arange(positions)
     n = index[:, None] - index[None, :]  # -(key - query), as MPNet's `n = -relative_position`
     half = _MPNET_BUCKETS // 2
