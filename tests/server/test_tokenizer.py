@@ -59,6 +59,32 @@ def test_same_special_token_ids_limit_and_input_names_as_transformers(both) -> N
     assert direct.model_input_names == reference.model_input_names
 
 
+def assert_encodes_as(direct, reference, texts: list[str]) -> list[list[int]]:
+    """The direct tokenizer gives transformers' ids, special-token masks, offsets, decoding,
+    special token ids, limit, input names, size and added tokens (with their flags) on `texts`;
+    returns the ids."""
+    ours = direct(texts, return_special_tokens_mask=True, return_offsets_mapping=True)
+    theirs = reference(
+        texts, return_special_tokens_mask=True, return_offsets_mapping=True, verbose=False
+    )
+    assert ours["input_ids"] == theirs["input_ids"]
+    assert ours["special_tokens_mask"] == theirs["special_tokens_mask"]
+    assert ours["offset_mapping"] == [list(map(tuple, row)) for row in theirs["offset_mapping"]]
+    assert direct.batch_decode(ours["input_ids"]) == reference.batch_decode(
+        theirs["input_ids"], skip_special_tokens=True
+    )
+    assert direct.convert_ids_to_tokens(ours["input_ids"][3]) == reference.convert_ids_to_tokens(
+        theirs["input_ids"][3]
+    )
+    for name in ("pad_token_id", "cls_token_id", "model_max_length", "model_input_names"):
+        assert getattr(direct, name) == getattr(reference, name), name
+    assert len(direct) == len(reference)
+    assert repr(sorted(direct._tokenizer.get_added_tokens_decoder().items())) == repr(
+        sorted(reference.backend_tokenizer.get_added_tokens_decoder().items())
+    )
+    return ours["input_ids"]
+
+
 WORDPIECE_TEXTS = [*TEXTS, "<s> </s> <mask> <pad> look special", "a<mask>b <mask> c", "   <mask>",
                    "<S> </S> <MASK> <Pad> in upper case"]  # fmt: skip
 
@@ -82,31 +108,10 @@ def test_distilbert_and_mpnet_tokenizers_encode_and_decode_as_transformers(
     folder = zoo.build(family, layout, tmp_path)
     direct, reference = load_fast(folder), AutoTokenizer.from_pretrained(str(folder))
     assert type(direct).__name__ == type(reference).__name__ == name
-    ours = direct(WORDPIECE_TEXTS, return_special_tokens_mask=True, return_offsets_mapping=True)
-    theirs = reference(
-        WORDPIECE_TEXTS, return_special_tokens_mask=True, return_offsets_mapping=True,
-        verbose=False,
-    )  # fmt: skip
-    assert ours["input_ids"] == theirs["input_ids"]
-    assert ours["special_tokens_mask"] == theirs["special_tokens_mask"]
-    assert ours["offset_mapping"] == [list(map(tuple, row)) for row in theirs["offset_mapping"]]
+    ids = assert_encodes_as(direct, reference, WORDPIECE_TEXTS)
     # The test can fail: the texts are not all unknown pieces.
-    assert len({tuple(ids) for ids in ours["input_ids"]}) >= len(WORDPIECE_TEXTS) - 2
-    assert direct.batch_decode(ours["input_ids"]) == reference.batch_decode(
-        theirs["input_ids"], skip_special_tokens=True
-    )
-    assert direct.convert_ids_to_tokens(ours["input_ids"][3]) == reference.convert_ids_to_tokens(
-        theirs["input_ids"][3]
-    )
-    for attribute in ("pad_token_id", "cls_token_id", "model_max_length", "model_input_names"):
-        assert getattr(direct, attribute) == getattr(reference, attribute), attribute
+    assert len({tuple(row) for row in ids}) >= len(WORDPIECE_TEXTS) - 2
     assert direct.model_input_names == ["input_ids", "attention_mask"]
-    assert len(direct) == len(reference)
-    # The added tokens with their flags (lstrip on <mask>, special, normalized), as transformers'.
-    ours_added = direct._tokenizer.get_added_tokens_decoder()
-    assert repr(sorted(ours_added.items())) == repr(
-        sorted(reference.backend_tokenizer.get_added_tokens_decoder().items())
-    )
 
 
 @pytest.mark.parametrize(
@@ -223,24 +228,9 @@ def test_xlm_roberta_tokenizer_encodes_and_decodes_as_transformers(xlmr, kind) -
     folder = xlmr[kind]
     direct, reference = load_fast(folder), AutoTokenizer.from_pretrained(str(folder))
     assert isinstance(direct, XLMRobertaTokenizer)
-    ours = direct(XLMR_TEXTS, return_special_tokens_mask=True, return_offsets_mapping=True)
-    theirs = reference(
-        XLMR_TEXTS, return_special_tokens_mask=True, return_offsets_mapping=True, verbose=False
-    )
-    assert ours["input_ids"] == theirs["input_ids"]
-    assert ours["special_tokens_mask"] == theirs["special_tokens_mask"]
-    assert ours["offset_mapping"] == [list(map(tuple, row)) for row in theirs["offset_mapping"]]
+    ids = assert_encodes_as(direct, reference, XLMR_TEXTS)
     # The test can fail: the texts are not all unknown pieces, and the normalization acts.
-    assert len({tuple(ids) for ids in ours["input_ids"]}) == len(XLMR_TEXTS) - 1  # "" == "   "
-    assert direct.batch_decode(ours["input_ids"]) == reference.batch_decode(
-        theirs["input_ids"], skip_special_tokens=True
-    )
-    assert direct.convert_ids_to_tokens(ours["input_ids"][3]) == reference.convert_ids_to_tokens(
-        theirs["input_ids"][3]
-    )
-    for name in ("pad_token_id", "cls_token_id", "model_max_length", "model_input_names"):
-        assert getattr(direct, name) == getattr(reference, name), name
-    assert len(direct) == len(reference)
+    assert len({tuple(row) for row in ids}) == len(XLMR_TEXTS) - 1  # "" == "   "
     if kind == "sentencepiece":  # NFKC: full-width letters become ASCII ones
         first = direct(["\uff46\uff55\uff4c\uff4c"])["input_ids"][0]
         assert first == direct(["full"])["input_ids"][0]
@@ -378,15 +368,5 @@ def test_hub_configs_special_tokens_are_added_as_transformers_adds_them(
     folder = zoo.build(family, "current", tmp_path)
     _hub_config(folder, variant)
     direct, reference = load_fast(folder), AutoTokenizer.from_pretrained(str(folder))
-    ours_added = direct._tokenizer.get_added_tokens_decoder()
-    assert repr(sorted(ours_added.items())) == repr(
-        sorted(reference.backend_tokenizer.get_added_tokens_decoder().items())
-    )
     texts = [*WORDPIECE_TEXTS, "a <MASK> b \uff1cmask\uff1e c <mask>", "x<mask>y <S>"]
-    ours = direct(texts, return_offsets_mapping=True, return_special_tokens_mask=True)
-    theirs = reference(
-        texts, return_offsets_mapping=True, return_special_tokens_mask=True, verbose=False
-    )
-    assert ours["input_ids"] == theirs["input_ids"]
-    assert ours["special_tokens_mask"] == theirs["special_tokens_mask"]
-    assert ours["offset_mapping"] == [list(map(tuple, row)) for row in theirs["offset_mapping"]]
+    assert_encodes_as(direct, reference, texts)
