@@ -4,6 +4,7 @@ metrics-server as a pod behind the aggregation layer."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import json
@@ -346,7 +347,8 @@ class DevCluster:
 
     def restart_apiserver(self, *, compact_etcd: bool = True) -> None:
         """Stop kube-apiserver and start it again with the same flags. Every watch breaks,
-        and the new server's watch cache begins at etcd's current revision (with
+        and the new server's watch cache begins at etcd's current revision, which a write made
+        while no apiserver ran keeps newer than any version a client holds (with
         `compact_etcd`, etcd forgets every older one too): a client that watches again from
         a version it had before gets a 410 and must list again. For the tests of relists."""
         with self._lock():
@@ -358,9 +360,18 @@ class DevCluster:
             if child is not None:
                 with contextlib.suppress(Exception):
                     child.wait(timeout=1)
+            # One write while no apiserver runs: etcd's revision is then newer than any version a
+            # client can hold (a client whose last event was etcd's last write would otherwise
+            # watch on from it without a 410, as the new cache begins at that very revision).
+            # Outside /registry, so the apiserver never reads it.
+            etcd = f"http://127.0.0.1:{ports.etcd_client}/v3/kv"
+            key, value = b"/warmgate-devcluster/apiserver-restarted", b"1"
+            put = _etcd_post(
+                f"{etcd}/put",
+                {"key": base64.b64encode(key).decode(), "value": base64.b64encode(value).decode()},
+            )
             if compact_etcd:
-                etcd = f"http://127.0.0.1:{ports.etcd_client}/v3/kv"
-                revision = _etcd_post(f"{etcd}/range", {"key": "AA=="})["header"]["revision"]
+                revision = put["header"]["revision"]
                 _etcd_post(f"{etcd}/compaction", {"revision": revision, "physical": True})
             argv = self._apiserver_argv(bin_dir, ports)
             group = cgroups.V1_CPU / cfg.control_plane_group
