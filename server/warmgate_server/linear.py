@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 SMALL_ROWS = 16
 """A lone short input's tokens."""
@@ -51,18 +51,20 @@ RUNS = 7
 
 @dataclass(frozen=True)
 class Layer:
-    """One encoder layer's weights: query, key and value fused into one matrix."""
+    """One layer's weights: query, key and value fused into one matrix. A bias is None where
+    the layer has none, the norms () where the model keeps its own (Qwen3: qwen3.py, whose
+    inner matrix is the gate and up projections fused)."""
 
     qkv_weight: torch.Tensor
-    qkv_bias: torch.Tensor
+    qkv_bias: torch.Tensor | None
     out_weight: torch.Tensor
-    out_bias: torch.Tensor
-    out_norm: tuple[torch.Tensor, torch.Tensor]
+    out_bias: torch.Tensor | None
+    out_norm: tuple[torch.Tensor, ...]
     inner_weight: torch.Tensor
-    inner_bias: torch.Tensor
+    inner_bias: torch.Tensor | None
     output_weight: torch.Tensor
-    output_bias: torch.Tensor
-    output_norm: tuple[torch.Tensor, torch.Tensor]
+    output_bias: torch.Tensor | None
+    output_norm: tuple[torch.Tensor, ...]
 
     def matrices(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [

@@ -156,7 +156,8 @@ def position_offset(config: Mapping[str, Any]) -> int:
 def supports_config(config: Mapping[str, Any]) -> str | None:
     """None when a model with this config.json can run packed, else why not."""
     if config.get("model_type") not in PACKED_TYPES:
-        return f"model type {config.get('model_type')!r} is not one of {', '.join(PACKED_TYPES)}"
+        types = ", ".join((*PACKED_TYPES, "qwen3 (qwen3.py)"))
+        return f"model type {config.get('model_type')!r} is not one of {types}"
     config = bert_config(config)
     if config.get("sinusoidal_pos_embds"):
         # transformers may write sinusoids over the checkpoint's position embeddings: its own

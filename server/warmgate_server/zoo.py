@@ -460,6 +460,7 @@ FAMILIES: dict[str, Family] = {
             _qwen3,
             pooling="lasttoken",
             prompts={"query": QWEN_PROMPT, "document": ""},
+            packed=True,
             hub_models=("Qwen/Qwen3-Embedding-0.6B", "Qwen/Qwen3-Embedding-4B"),
         ),
         Family(

@@ -174,6 +174,7 @@ async def test_custom_code_is_refused_without_trust_remote_code_and_served_with_
          "transformer.layer.7.ffn.lin2.weight"),
         ("mpnet", "encoder.relative_attention_bias.weight",
          "encoder.layer.7.attention.attn.q.weight"),
+        ("qwen3", "layers.1.self_attn.k_norm.weight", "layers.7.mlp.down_proj.weight"),
     ],
 )  # fmt: skip
 async def test_weights_missing_or_unused_fail_the_load_with_their_names(
@@ -182,8 +183,8 @@ async def test_weights_missing_or_unused_fail_the_load_with_their_names(
     """A checkpoint that lacks a weight (it would be random) or holds one the architecture
     has no place for (another architecture's) fails to load, on both forward passes, with
     the key's name as the checkpoint names it (DistilBERT's and MPNet's own names, though the
-    packed pass reads them as BERT's; MPNet's relative position bias among them); /ready says
-    failed, so the pod never turns Ready."""
+    packed pass reads them as BERT's; MPNet's relative position bias among them; a Qwen3
+    layer's key norm); /ready says failed, so the pod never turns Ready."""
     import shutil
 
     from safetensors.torch import load_file, save_file

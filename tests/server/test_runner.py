@@ -70,14 +70,14 @@ async def test_cls_pooling_and_unnormalized_output(
     np.testing.assert_allclose(served[:1], expected, atol=1e-4)
 
 
-@pytest.mark.parametrize("case", ["modernbert", "sinusoidal-distilbert"])
+@pytest.mark.parametrize("case", ["modernbert", "sinusoidal-distilbert", "sliding-window-qwen3"])
 def test_packing_falls_back_for_other_architectures_and_on_refuses_them(
     tmp_path, minilm_dir, case: str
 ) -> None:
     """A model the packed pass does not run (a ModernBERT; a DistilBERT with sinusoidal
-    position embeddings, which transformers may write over the checkpoint's) is served by its
-    own padded forward pass under `--packing auto`; `--packing on` refuses to start and says
-    why."""
+    position embeddings, which transformers may write over the checkpoint's; a Qwen3 with
+    sliding-window attention) is served by its own padded forward pass under `--packing
+    auto`; `--packing on` refuses to start and says why."""
     from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
 
     from warmgate_contract.shapes import Shape
@@ -89,6 +89,15 @@ def test_packing_falls_back_for_other_architectures_and_on_refuses_them(
     if case == "modernbert":
         folder = zoo.build("modernbert", "current", tmp_path)
         why = "model type 'modernbert' is not one of bert"
+    elif case == "sliding-window-qwen3":
+        import json
+
+        folder = zoo.build("qwen3", "current", tmp_path)
+        config = json.loads((folder / "config.json").read_text())
+        config.update(use_sliding_window=True, sliding_window=4, max_window_layers=1)
+        config["layer_types"] = ["full_attention", "sliding_attention"]
+        (folder / "config.json").write_text(json.dumps(config))
+        why = "sliding-window attention"
     else:
         folder = tmp_path / case
         config = DistilBertConfig(dim=32, n_layers=1, n_heads=2, hidden_dim=64,

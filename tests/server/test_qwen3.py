@@ -1,0 +1,133 @@
+"""Qwen3-Embedding's padding-free pass (qwen3.py) against transformers' Qwen3Model: the token
+states of every pass, for inputs of mixed lengths, of one length and alone, up to inputs longer
+than the zoo's warmup buckets; a checkpoint with attention biases saved as a causal LM; and the
+configurations the pass leaves to transformers. The served vectors against
+sentence-transformers are test_models.py's (the zoo's qwen3 row runs packed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from support.server import dense_pooled, padded_batch, pooled
+
+from warmgate_server import zoo
+from warmgate_server.qwen3 import PackedQwen3, supports_config
+
+CLOSE = {"atol": 2e-5, "rtol": 1e-4}
+LONG = 200
+"""Tokens of the longest input: far past the zoo's buckets, inside its 256 positions."""
+
+
+def token_lists(folder: Path) -> list[list[int]]:
+    """The zoo's texts as Qwen3-Embedding's tokenizer encodes them (each ends with
+    <|endoftext|>, the token last-token pooling takes), the longest cut to LONG tokens."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    lists = [
+        ids if len(ids) <= LONG else ids[: LONG - 1] + ids[-1:]
+        for ids in tokenizer(zoo.TEXTS)["input_ids"]
+    ]
+    assert max(map(len, lists)) == LONG and min(map(len, lists)) < 8
+    return lists
+
+
+def expected_states(model, batch: list[list[int]], side: str) -> list[torch.Tensor]:
+    """Qwen3Model's states of each input's tokens, the batch padded on `side` (the tokenizer
+    of Qwen3-Embedding pads on the left; warmgate's static pass on the right)."""
+    seq_len = max(map(len, batch))
+    ids = torch.zeros(len(batch), seq_len, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, tokens in enumerate(batch):
+        where = slice(seq_len - len(tokens), None) if side == "left" else slice(0, len(tokens))
+        ids[row, where] = torch.tensor(tokens)
+        mask[row, where] = 1
+    states = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    return [
+        states[row, seq_len - len(tokens) :] if side == "left" else states[row, : len(tokens)]
+        for row, tokens in enumerate(batch)
+    ]
+
+
+@pytest.mark.parametrize("layout", zoo.LAYOUTS)
+def test_every_pass_gives_qwen3models_states(
+    tmp_path_factory: pytest.TempPathFactory, layout: str
+) -> None:
+    """Grouped-query attention (4 query heads, 2 key/value heads), q/k norms, RoPE and the
+    causal mask: the packed pass (mixed lengths up to LONG tokens, one length, a lone input)
+    and the static pass a CUDA graph captures give transformers' states, whether transformers
+    pads on the left (as sentence-transformers runs Qwen3-Embedding: RoPE depends only on the
+    distance between tokens) or on the right."""
+    from transformers import AutoModel
+
+    folder = zoo.build("qwen3", layout, tmp_path_factory.mktemp("zoo"))
+    model = AutoModel.from_pretrained(str(folder)).eval()
+    packed = PackedQwen3.from_folder(folder, torch.float32)
+    assert (packed.heads, packed.kv_heads) == (4, 2)
+    lists = token_lists(folder)
+    longest = max(lists, key=len)
+    batches = {"mixed": lists, "one length": [longest, longest[::-1]], "alone": lists[:1]}
+    with torch.inference_mode():
+        for what, batch in batches.items():
+            states, starts, lengths = packed.encode(batch, LONG, len(batch))
+            ids, mask = padded_batch(batch, len(batch), max(map(len, batch)))
+            dense = packed.dense(ids, mask)
+            for side in ("left", "right"):
+                want = expected_states(model, batch, side)
+                for row, (start, length) in enumerate(zip(starts, lengths, strict=True)):
+                    got = states[start : start + length]
+                    torch.testing.assert_close(got, want[row], **CLOSE, msg=f"{what} {side}")
+                    torch.testing.assert_close(dense[row, :length], want[row], **CLOSE)
+            # last-token pooling, as the server pools: each input's <|endoftext|>
+            last = pooled(packed, batch, LONG, len(batch), "last")
+            torch.testing.assert_close(last, dense_pooled(packed, ids, mask, "last"), **CLOSE)
+
+
+def test_attention_biases_and_a_causal_lm_checkpoint(tmp_path: Path) -> None:
+    """A Qwen3 with attention biases (attention_bias: true), saved as Qwen3ForCausalLM (the
+    base model's weights under `model.`, an `lm_head` no embedding reads) with the older
+    config.json's rope_theta, loads into the packed pass and gives the states transformers'
+    AutoModel gives for it."""
+    from transformers import AutoModel, Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=3, head_dim=8,
+                         attention_bias=True, max_position_embeddings=64,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500.0})  # fmt: skip
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).eval().save_pretrained(tmp_path)
+    model = AutoModel.from_pretrained(str(tmp_path)).eval()
+    packed = PackedQwen3.from_folder(tmp_path, torch.float32)
+    batch = [[5, 17, 200, 3], list(range(10, 60)), [42]]
+    with torch.inference_mode():
+        states, starts, lengths = packed.encode(batch, 64, 3)
+        want = expected_states(model, batch, "right")
+    for row, (start, length) in enumerate(zip(starts, lengths, strict=True)):
+        torch.testing.assert_close(states[start : start + length], want[row], **CLOSE)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0},
+         "sliding-window attention"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}},
+         "RoPE type 'yarn' is not the default"),
+        ({"rope_parameters": None, "rope_theta": 1e6,
+          "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "RoPE scaling"),
+        ({"hidden_act": "gelu"}, "activation 'gelu' is not silu"),
+        ({"layer_types": ["full_attention", "sliding_attention"]}, "layer types"),
+    ],
+)  # fmt: skip
+def test_what_the_packed_pass_does_not_run_is_named(change: dict, why: str) -> None:
+    """Configurations whose attention or rotation the packed pass does not compute are left to
+    transformers' pass (packing auto) with the reason, never run approximately."""
+    base = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4,
+            "num_hidden_layers": 2, "intermediate_size": 128,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}  # fmt: skip
+    assert supports_config(base) is None
+    assert supports_config({**base, "rope_parameters": None, "rope_theta": 1e6}) is None
+    reason = supports_config({**base, **change})
+    assert reason is not None and why in reason, reason
