@@ -9,7 +9,9 @@ the real tokens only, packed into one (tokens, hidden) matrix, the query, key an
 projections fused into one matrix multiplication and the gate and up projections into
 another; attention sees the inputs padded to the batch's longest (rounded up to
 ATTENTION_ALIGN), right-padded so that causal attention alone keeps every real query off the
-padding. Positions count from 0 in each input: transformers numbers a left-padded input's
+padding; on a CUDA device in half precision it runs torch's variable-length (flash) attention
+on the packed tokens instead, with a causal window and grouped key/value heads.
+Positions count from 0 in each input: transformers numbers a left-padded input's
 tokens from the padding's width on, and RoPE's scores depend only on the distance between
 query and key, so the states are the same (the tests compare them with transformers' and the
 vectors with sentence-transformers').
@@ -19,12 +21,13 @@ logged: sliding-window attention, RoPE scaling (rope_type other than default), a
 other than SiLU, custom code. The weights come straight from the folder (checkpoint.py); every
 weight must be used and none may be missing (a causal LM's `lm_head`, which no embedding
 reads, aside). On a CPU in fp32 the linear layers take oneDNN or MKL as measured at load
-(linear.py). On a GPU attention runs over padded keys (no variable-length flash attention
-yet), at the planned shape, and the static pass (`dense`) is what CUDA graphs capture.
+(linear.py). On a GPU the static pass (`dense`, padded keys at the planned shape) is what
+CUDA graphs capture; the padding-free pass serves what has no graph.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -116,8 +119,9 @@ class PackedQwen3:
         first = next(iter(state.values()))
         self.device = first.device
         self.dtype = first.dtype
-        self.varlen = None
-        """Always None: attention runs over padded keys (the interface of PackedBert)."""
+        self.varlen = _causal_varlen(self.device, self.dtype)
+        """Variable-length (flash) attention on the packed tokens, causal, with grouped
+        key/value heads, or None (padded keys)."""
         self.hidden = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
         self.kv_heads = int(config.get("num_key_value_heads") or self.heads)
@@ -223,11 +227,11 @@ class PackedQwen3:
         start and length (as PackedBert.encode). On a CPU attention runs over the batch's own
         rows padded to its longest input (rounded up to ATTENTION_ALIGN; inputs of one length
         not padded at all); on a GPU over the planned (rows, seq_len), the rows past the
-        batch one token each."""
+        batch one token each (variable-length attention: the packed tokens themselves)."""
         count = len(batch)
         lengths = np.fromiter(map(len, batch), dtype=np.int64, count=count)
         uniform = False
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and self.varlen is None:
             rows = count
             longest = int(lengths.max()) if count else 1
             uniform = count > 0 and int(lengths.min()) == longest
@@ -245,7 +249,10 @@ class PackedQwen3:
         row_of = np.repeat(np.arange(rows), lengths)
         position = np.arange(total) - starts[row_of]
         token_ids = np.fromiter(chain.from_iterable(batch), np.int64, total)
-        if uniform:
+        if self.varlen is not None:
+            bounds = self._on_device(np.append(starts, total).astype(np.int32))
+            attend = self._varlen_attend(bounds, seq_len)
+        elif uniform:
             attend = self._attend(None, rows, seq_len)
         else:
             slot = self._on_device(row_of * seq_len + position)  # index into (rows * seq_len)
@@ -303,6 +310,22 @@ class PackedQwen3:
 
         return attend
 
+    def _varlen_attend(
+        self, bounds: torch.Tensor, seq_len: int
+    ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        """Causal variable-length attention on the packed tokens: `bounds` are the rows'
+        cumulative token offsets (rows + 1, int32)."""
+        varlen, width = self.varlen, self.heads * self.head_size
+        assert varlen is not None
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+            context = varlen(q, k, v, bounds, bounds, seq_len, seq_len,
+                             window_size=(-1, 0), enable_gqa=True)  # fmt: skip
+            return context.reshape(-1, width)
+
+        return attend
+
     def _layer(
         self,
         kernel: linear.Kernel,
@@ -324,6 +347,21 @@ class PackedQwen3:
         gate_up = kernel.linear(rms_norm(x, post_norm, self.eps), layer.inner_weight, None)
         gate, up = gate_up.split(self.intermediate, dim=-1)
         return x + kernel.linear(F.silu(gate) * up, layer.output_weight, None)
+
+
+def _causal_varlen(device: torch.device, dtype: torch.dtype) -> Callable[..., Any] | None:
+    """torch's variable-length flash attention where it runs (CUDA, half precision) and takes
+    a causal window and grouped key/value heads (torch 2.10 on), else None."""
+    from . import packed
+
+    varlen = packed._varlen_attention(device, dtype)
+    if varlen is None:
+        return None
+    try:
+        parameters = inspect.signature(varlen).parameters
+    except (TypeError, ValueError):
+        return None
+    return varlen if {"window_size", "enable_gqa"} <= set(parameters) else None
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

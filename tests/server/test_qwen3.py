@@ -6,10 +6,12 @@ sentence-transformers are test_models.py's (the zoo's qwen3 row runs packed)."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from support.server import dense_pooled, padded_batch, pooled
 
 from warmgate_server import zoo
@@ -83,6 +85,57 @@ def test_every_pass_gives_qwen3models_states(
             # last-token pooling, as the server pools: each input's <|endoftext|>
             last = pooled(packed, batch, LONG, len(batch), "last")
             torch.testing.assert_close(last, dense_pooled(packed, ids, mask, "last"), **CLOSE)
+
+
+def reference_causal_varlen(
+    q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False
+):
+    """torch's varlen_attn contract, causal (window (-1, 0)) with grouped key/value heads:
+    (tokens, heads, head) packed inputs, int32 offsets; each input attends on its own."""
+    assert window_size == (-1, 0) and enable_gqa
+    assert cu_seq_q.dtype == torch.int32 and torch.equal(cu_seq_q, cu_seq_k)
+    bounds = cu_seq_q.tolist()
+    assert max(b - a for a, b in itertools.pairwise(bounds)) <= max_q == max_k
+    groups = q.shape[1] // k.shape[1]
+    out = torch.empty_like(q)
+    for start, stop in itertools.pairwise(bounds):
+        query = q[start:stop].transpose(0, 1)
+        key, value = (t[start:stop].transpose(0, 1).repeat_interleave(groups, 0) for t in (k, v))
+        out[start:stop] = F.scaled_dot_product_attention(
+            query, key, value, is_causal=True
+        ).transpose(0, 1)
+    return out
+
+
+def test_the_gpus_variable_length_pass_gives_the_cpus_states(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch
+) -> None:
+    """On a CUDA device in half precision Qwen3 attends with torch's variable-length flash
+    attention on the packed tokens (causal window, grouped key/value heads): with a reference
+    implementation of its contract standing in for the kernel, that pass, at the planned
+    rows with a padding row, gives the CPU pass's states and pooled vectors. A varlen_attn
+    without the causal window (an older torch) is not used."""
+    from warmgate_server import packed as packed_module
+
+    folder = zoo.build("qwen3", "current", tmp_path_factory.mktemp("zoo"))
+    padded_keys = PackedQwen3.from_folder(folder, torch.float32)
+    assert padded_keys.varlen is None  # on a CPU the padded-keys path is the real one
+    monkeypatch.setattr(packed_module, "_varlen_attention", lambda *_args: reference_causal_varlen)
+    varlen = PackedQwen3.from_folder(folder, torch.float32)
+    assert varlen.varlen is reference_causal_varlen
+    lists = token_lists(folder)
+    rows = len(lists) + 1  # one padding row
+    with torch.inference_mode():
+        for pooling in ("last", "mean", "none"):
+            expected = pooled(padded_keys, lists, LONG, rows, pooling)
+            got = pooled(varlen, lists, LONG, rows, pooling)
+            torch.testing.assert_close(got, expected, **CLOSE)
+
+    def older(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(packed_module, "_varlen_attention", lambda *_args: older)
+    assert PackedQwen3.from_folder(folder, torch.float32).varlen is None
 
 
 def test_attention_biases_and_a_causal_lm_checkpoint(tmp_path: Path) -> None:
