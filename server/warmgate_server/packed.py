@@ -58,6 +58,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,97 @@ def supports_config(config: Mapping[str, Any]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Packing:
+    """A batch laid out for a padding-free pass: its tokens one input after another, and the
+    (rows, seq_len) layout attention sees."""
+
+    count: int
+    """Inputs of the batch (rows past it are padding rows)."""
+    rows: int
+    seq_len: int
+    uniform: bool
+    """Every row of one length: attention runs on the packed tokens' own layout."""
+    lengths: np.ndarray
+    starts: np.ndarray
+    total: int
+    row_of: np.ndarray
+    """Each packed token's row."""
+    position: np.ndarray
+    """Each packed token's index in its input."""
+    token_ids: np.ndarray
+
+    @classmethod
+    def of(cls, batch: Sequence[Sequence[int]], seq_len: int, rows: int, own_rows: bool) -> Packing:
+        """`own_rows` (a CPU's padded keys): attention runs over the batch's own rows, padded
+        to its longest input rounded up to ATTENTION_ALIGN rather than the bucket (the padded
+        keys' work grows with the square of the padded length and is masked away, and a CPU
+        chooses no kernel per shape), and inputs all of one length (a lone input above all)
+        are not padded at all. Otherwise the planned (rows, seq_len), the rows past the batch
+        one token each (the first token of the first input)."""
+        count = len(batch)
+        lengths = np.fromiter(map(len, batch), dtype=np.int64, count=count)
+        uniform = False
+        if own_rows:
+            rows = count
+            longest = int(lengths.max()) if count else 1
+            uniform = count > 0 and int(lengths.min()) == longest
+            seq_len = (
+                longest
+                if uniform
+                else min(seq_len, -(-longest // ATTENTION_ALIGN) * ATTENTION_ALIGN)
+            )
+        if count < rows:
+            batch = [*batch, *([batch[0][:1]] * (rows - count))]
+            lengths = np.concatenate([lengths, np.ones(rows - count, dtype=np.int64)])
+        starts = np.zeros(rows, dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        total = int(lengths.sum())
+        row_of = np.repeat(np.arange(rows), lengths)
+        return cls(
+            count=count,
+            rows=rows,
+            seq_len=seq_len,
+            uniform=uniform,
+            lengths=lengths,
+            starts=starts,
+            total=total,
+            row_of=row_of,
+            position=np.arange(total) - starts[row_of],
+            token_ids=np.fromiter(chain.from_iterable(batch), np.int64, total),
+        )
+
+    def packed_states(self, x: torch.Tensor) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """The batch's own inputs' states of a pass's (tokens, hidden) `x` (the padding rows'
+        left out), with each input's start and length."""
+        real = int(self.starts[self.count - 1] + self.lengths[self.count - 1])
+        return x[:real], self.starts[: self.count], self.lengths[: self.count]
+
+
+def read_folder(
+    folder: Path,
+    supports: Callable[[Mapping[str, Any]], str | None],
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A model folder's checkpoint on `device` in `dtype`, and its config.json, where
+    `supports` finds nothing against the config; else ValueError saying why."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read config.json: {exc}") from None
+    why_not = supports(config)
+    if why_not is not None:
+        raise ValueError(f"cannot run this model packed: {why_not}")
+    try:
+        weights = checkpoint.load(folder)
+    except checkpoint.NoCheckpoint as exc:
+        raise ValueError(f"cannot run this model packed: {exc}") from None
+    state = {key: value.to(device=device, dtype=dtype) for key, value in weights.items()}
+    del weights
+    return state, config
+
+
 class PackedBert:
     """A BERT encoder's weights and its padding-free forward pass (call it in inference mode)."""
 
@@ -270,20 +362,7 @@ class PackedBert:
     ) -> PackedBert:
         """From `config.json` and the checkpoint (checkpoint.py: safetensors or
         pytorch_model.bin, sharded or not), onto `device`; ValueError says why it cannot."""
-        try:
-            config = json.loads((folder / "config.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot read config.json: {exc}") from None
-        why_not = supports_config(config)
-        if why_not is not None:
-            raise ValueError(f"cannot run this model packed: {why_not}")
-        try:
-            weights = checkpoint.load(folder)
-        except checkpoint.NoCheckpoint as exc:
-            raise ValueError(f"cannot run this model packed: {exc}") from None
-        state = {key: value.to(device=device, dtype=dtype) for key, value in weights.items()}
-        del weights
-        return cls(state, config)
+        return cls(*read_folder(folder, supports_config, dtype, device))
 
     def encode(
         self, batch: Sequence[Sequence[int]], seq_len: int, rows: int
@@ -300,51 +379,27 @@ class PackedBert:
         chooses no kernel per shape (the linear layers already run at the batch's token count).
         Inputs all of one length (a lone input above all) are not padded at all.
         """
-        count = len(batch)
-        lengths = np.fromiter(map(len, batch), dtype=np.int64, count=count)
-        uniform = False
-        if self.device.type == "cpu" and self.varlen is None:
-            rows = count
-            longest = int(lengths.max()) if count else 1
-            # Inputs of one length (a lone input above all) need no padding: attention runs on
-            # the packed tokens' own layout, without the scatter, the gather and the mask.
-            uniform = count > 0 and int(lengths.min()) == longest
-            seq_len = (
-                longest
-                if uniform
-                else min(seq_len, -(-longest // ATTENTION_ALIGN) * ATTENTION_ALIGN)
-            )
-        if count < rows:
-            batch = [*batch, *([batch[0][:1]] * (rows - count))]
-            lengths = np.concatenate([lengths, np.ones(rows - count, dtype=np.int64)])
-        starts = np.zeros(rows, dtype=np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
-        total = int(lengths.sum())
-        row_of = np.repeat(np.arange(rows), lengths)
-        position = np.arange(total) - starts[row_of]
-        token_ids = np.fromiter(chain.from_iterable(batch), np.int64, total)
+        p = Packing.of(batch, seq_len, rows, self.device.type == "cpu" and self.varlen is None)
         if self.varlen is not None:
-            bounds = np.append(starts, total).astype(np.int32)
-            attend = self._varlen_attend(self._on_device(bounds), seq_len)
-        elif uniform:
-            attend = self._padded_attend(None, None, rows, seq_len)
+            bounds = np.append(p.starts, p.total).astype(np.int32)
+            attend = self._varlen_attend(self._on_device(bounds), p.seq_len)
+        elif p.uniform:
+            attend = self._padded_attend(None, None, p.rows, p.seq_len)
         else:
-            slot = self._on_device(row_of * seq_len + position)  # index into (rows * seq_len)
-            keys = self._on_device(np.arange(seq_len)[None, :] < lengths[:, None])
+            slot = self._on_device(p.row_of * p.seq_len + p.position)  # into (rows * seq_len)
+            keys = self._on_device(np.arange(p.seq_len)[None, :] < p.lengths[:, None])
             keys = keys[:, None, None, :]  # (rows, 1, 1, seq_len): which keys each row attends
-            attend = self._padded_attend(slot, keys, rows, seq_len)
+            attend = self._padded_attend(slot, keys, p.rows, p.seq_len)
 
-        position = self._position_ids(token_ids, position, starts, row_of)
-        x = self.word[self._on_device(token_ids)] + self.position[self._on_device(position)]
+        position = self._position_ids(p.token_ids, p.position, p.starts, p.row_of)
+        x = self.word[self._on_device(p.token_ids)] + self.position[self._on_device(position)]
         if self.token_type is not None:
             x = x + self.token_type
         x = self._norm(x, self.embedding_norm)
-        kernel = self.kernels.for_rows(total)
+        kernel = self.kernels.for_rows(p.total)
         for layer in kernel.layers:
             x = self._layer(kernel, layer, x, attend)
-
-        real = int(starts[count - 1] + lengths[count - 1])
-        return x[:real], starts[:count], lengths[:count]
+        return p.packed_states(x)
 
     def dense(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The (rows, seq_len, hidden) last hidden states of a padded (rows, seq_len) batch:

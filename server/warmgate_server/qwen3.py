@@ -28,10 +28,8 @@ CUDA graphs capture; the padding-free pass serves what has no graph.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +37,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import checkpoint, linear
+from . import linear
 from .errors import weight_names
-from .packed import ATTENTION_ALIGN, CheckpointMismatch
+from .packed import CheckpointMismatch, Packing, read_folder
 
 log = logging.getLogger(__name__)
 
@@ -205,20 +203,7 @@ class PackedQwen3:
     ) -> PackedQwen3:
         """From `config.json` and the checkpoint, onto `device`; ValueError says why it
         cannot."""
-        try:
-            config = json.loads((folder / "config.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot read config.json: {exc}") from None
-        why_not = supports_config(config)
-        if why_not is not None:
-            raise ValueError(f"cannot run this model packed: {why_not}")
-        try:
-            weights = checkpoint.load(folder)
-        except checkpoint.NoCheckpoint as exc:
-            raise ValueError(f"cannot run this model packed: {exc}") from None
-        state = {key: value.to(device=device, dtype=dtype) for key, value in weights.items()}
-        del weights
-        return cls(state, config)
+        return cls(*read_folder(folder, supports_config, dtype, device))
 
     def encode(
         self, batch: Sequence[Sequence[int]], seq_len: int, rows: int
@@ -228,43 +213,22 @@ class PackedQwen3:
         rows padded to its longest input (rounded up to ATTENTION_ALIGN; inputs of one length
         not padded at all); on a GPU over the planned (rows, seq_len), the rows past the
         batch one token each (variable-length attention: the packed tokens themselves)."""
-        count = len(batch)
-        lengths = np.fromiter(map(len, batch), dtype=np.int64, count=count)
-        uniform = False
-        if self.device.type == "cpu" and self.varlen is None:
-            rows = count
-            longest = int(lengths.max()) if count else 1
-            uniform = count > 0 and int(lengths.min()) == longest
-            seq_len = (
-                longest
-                if uniform
-                else min(seq_len, -(-longest // ATTENTION_ALIGN) * ATTENTION_ALIGN)
-            )
-        if count < rows:
-            batch = [*batch, *([batch[0][:1]] * (rows - count))]
-            lengths = np.concatenate([lengths, np.ones(rows - count, dtype=np.int64)])
-        starts = np.zeros(rows, dtype=np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
-        total = int(lengths.sum())
-        row_of = np.repeat(np.arange(rows), lengths)
-        position = np.arange(total) - starts[row_of]
-        token_ids = np.fromiter(chain.from_iterable(batch), np.int64, total)
+        p = Packing.of(batch, seq_len, rows, self.device.type == "cpu" and self.varlen is None)
         if self.varlen is not None:
-            bounds = self._on_device(np.append(starts, total).astype(np.int32))
-            attend = self._varlen_attend(bounds, seq_len)
-        elif uniform:
-            attend = self._attend(None, rows, seq_len)
+            bounds = self._on_device(np.append(p.starts, p.total).astype(np.int32))
+            attend = self._varlen_attend(bounds, p.seq_len)
+        elif p.uniform:
+            attend = self._attend(None, p.rows, p.seq_len)
         else:
-            slot = self._on_device(row_of * seq_len + position)  # index into (rows * seq_len)
-            attend = self._attend(slot, rows, seq_len)
-        where = self._on_device(position)
-        x = self.embed[self._on_device(token_ids)]
-        kernel = self.kernels.for_rows(total)
+            slot = self._on_device(p.row_of * p.seq_len + p.position)  # into (rows * seq_len)
+            attend = self._attend(slot, p.rows, p.seq_len)
+        where = self._on_device(p.position)
+        cos, sin = self.cos[where], self.sin[where]
+        x = self.embed[self._on_device(p.token_ids)]
+        kernel = self.kernels.for_rows(p.total)
         for layer, norms in zip(kernel.layers, self.norms, strict=True):
-            x = self._layer(kernel, layer, norms, x, self.cos[where], self.sin[where], attend)
-        x = rms_norm(x, self.final_norm, self.eps)
-        real = int(starts[count - 1] + lengths[count - 1])
-        return x[:real], starts[:count], lengths[:count]
+            x = self._layer(kernel, layer, norms, x, cos, sin, attend)
+        return p.packed_states(rms_norm(x, self.final_norm, self.eps))
 
     def dense(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The (rows, seq_len, hidden) last hidden states of a right-padded (rows, seq_len)
