@@ -106,8 +106,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 class PackedQwen3:
     """A Qwen3 model's weights and its padding-free forward pass (call it in inference mode).
-    The same interface as packed.PackedBert: encode, dense, hidden, max_positions, varlen,
-    kernels."""
+    The same interface as packed.PackedBert: from_folder, encode, dense, hidden,
+    max_positions, varlen, kernels."""
 
     def __init__(self, state: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
         why_not = supports_config(config)
@@ -191,11 +191,6 @@ class PackedQwen3:
         self.kernels = linear.choose(plain, self.device, self.dtype, lambda x: x, ("none", ""))
         """The linear layers' kernel for a pass of a given token count (linear.py)."""
         self.onednn = "onednn" in self.kernels.names
-
-    @classmethod
-    def from_model(cls, model: Any) -> PackedQwen3:
-        """From a loaded Hugging Face Qwen3Model."""
-        return cls(dict(model.state_dict()), model.config.to_dict())
 
     @classmethod
     def from_folder(
