@@ -135,7 +135,7 @@ bench-models: install ## XLM-R of multilingual-e5-base's shape: warmgate vs Infi
 	$(PY) bench/server/bench_models.py $(BENCH_ARGS)
 
 .PHONY: bench-families
-bench-families: install ## The packed pass against transformers' per family (BERT, DistilBERT, MPNet, Qwen3) at real sizes, one thread
+bench-families: install ## The packed pass against transformers' per family (BERT, DistilBERT, MPNet, Qwen3, EmbeddingGemma) at real sizes, one thread
 	$(PY) bench/server/bench_families.py $(BENCH_ARGS)
 
 .PHONY: bench-server-ab

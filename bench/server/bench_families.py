@@ -1,6 +1,6 @@
 """The packed pass against transformers' own forward pass, per family, at real sizes (`make
 bench-families`): what a family gains when it moves from the padded path to the padding-free
-one (DistilBERT and MPNet did, then Qwen3).
+one (DistilBERT and MPNet did, then Qwen3 and EmbeddingGemma).
 
 No hub is reachable, so each model is made here at its popular checkpoint's real shape with
 random fp32 weights and the zoo's tokenizer of that family (warmgate_server/zoo.py): BERT as
@@ -8,7 +8,9 @@ all-MiniLM-L6-v2 (6 layers, 384 wide), DistilBERT as msmarco-distilbert-base-v4 
 wide), MPNet as all-mpnet-base-v2 (12 layers, 768 wide, relative position bias), Qwen3 as
 Qwen3-Embedding-0.6B's layers (1024 wide, 16 query and 8 key/value heads, causal; 4 of its 28
 layers, so that a padded pass of 32 long inputs takes seconds, not half a minute: both passes'
-times grow with the layer count). Both passes
+times grow with the layer count), Gemma 3 as embeddinggemma-300m (24 layers, 768 wide, 3 query
+heads and 1 key/value head of 256, both ways, every sixth layer full and the others in a
+512-token window). Both passes
 run in this process on one thread, as one of the server's two CPU model workers does, at the
 shapes the server gives them: the padded pass at the planned (rows, bucket) shape, the packed
 pass on the same inputs' real tokens. Each point alternates the two passes and keeps the
@@ -35,8 +37,9 @@ import torch
 from bench_server import REPO, machine, write_doc
 
 from warmgate_server import zoo
+from warmgate_server.decoder import MODEL_TYPES as DECODERS
+from warmgate_server.decoder import PackedDecoder
 from warmgate_server.packed import PackedBert
-from warmgate_server.qwen3 import PackedQwen3
 
 BEGIN, END = "<!-- family-benchmarks:begin -->", "<!-- family-benchmarks:end -->"
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -61,6 +64,13 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
          "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072,
          "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
          "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+    ),
+    "gemma3 (embeddinggemma-300m)": (
+        "gemma3-dense",
+        {"num_hidden_layers": 24, "hidden_size": 768, "num_attention_heads": 3,
+         "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 1152,
+         "max_position_embeddings": 2048, "sliding_window": 512, "query_pre_attn_scalar": 256,
+         "use_bidirectional_attention": True, "rms_norm_eps": 1e-6},
     ),
 }  # fmt: skip
 SENTENCES = [
@@ -120,7 +130,7 @@ def mean_pool(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def time_point(
     model: Any,
-    packed: PackedBert | PackedQwen3,
+    packed: PackedBert | PackedDecoder,
     batch: list[list[int]],
     bucket: int,
     pad: int,
@@ -173,7 +183,8 @@ def measure(folder: Path, family: str, rounds: int, seconds: float) -> dict[str,
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModel.from_pretrained(str(folder)).eval()
-    packed = (PackedQwen3 if family == "qwen3" else PackedBert).from_folder(folder, torch.float32)
+    decoder = json.loads((folder / "config.json").read_text())["model_type"] in DECODERS
+    packed = (PackedDecoder if decoder else PackedBert).from_folder(folder, torch.float32)
     token_types = "token_type_ids" in tokenizer.model_input_names
     result: dict[str, Any] = {}
     for label, count, bucket in POINTS:

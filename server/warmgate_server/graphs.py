@@ -13,8 +13,8 @@ The graphs of one worker share a memory pool, so replaying one may overwrite ano
 What is captured is a static forward (`StaticForward`): a padded (rows, seq_len) batch of token
 ids, its 0/1 attention mask and the 0/1 mask of the tokens to pool on the device in, the
 finished float32 vectors out (pooling and the modules after it: head.py), no host
-synchronisation. BERT-family and Qwen3 models use warmgate's own (`PackedBert.dense`,
-`PackedQwen3.dense`: right-padded, as this module pads); other models
+synchronisation. BERT-family, Qwen3 and EmbeddingGemma models use warmgate's own
+(`PackedBert.dense`, `PackedDecoder.dense`: right-padded, as this module pads); other models
 their transformers forward pass, which some models cannot be captured with: with
 `--cuda-graphs auto` the server then serves eagerly and says why, with `on` it fails its
 warmup with the reason.
@@ -212,8 +212,9 @@ def _reserved(device: torch.device) -> int:
 
 
 def graph_forward(loaded: Any, head: Any) -> StaticForward:
-    """The static forward a graph captures for this model: warmgate's own for BERT-family
-    and Qwen3 models, else the transformers model's forward pass; then `head` (head.py)."""
+    """The static forward a graph captures for this model: warmgate's own for BERT-family,
+    Qwen3 and EmbeddingGemma models, else the transformers model's forward pass; then `head`
+    (head.py)."""
     if loaded.packed is not None:
         packed = loaded.packed
 

@@ -52,8 +52,8 @@ RUNS = 7
 @dataclass(frozen=True)
 class Layer:
     """One layer's weights: query, key and value fused into one matrix. A bias is None where
-    the layer has none, the norms () where the model keeps its own (Qwen3: qwen3.py, whose
-    inner matrix is the gate and up projections fused)."""
+    the layer has none, the norms () where the model keeps its own (Qwen3, Gemma 3: decoder.py,
+    whose inner matrix is the gate and up projections fused)."""
 
     qkv_weight: torch.Tensor
     qkv_bias: torch.Tensor | None

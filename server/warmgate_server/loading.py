@@ -66,7 +66,7 @@ class LoadedModel:
     cls_token_id: int
     uses_token_type_ids: bool
     packed: Any = None
-    """A PackedBert or PackedQwen3 running this model padding-free, or None (the model's own
+    """A PackedBert or PackedDecoder running this model padding-free, or None (the model's own
     forward)."""
     ort: Any = None
     """--backend onnxruntime: the model exported and opened in ONNX Runtime (ort.OrtModel),
@@ -113,10 +113,10 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
     """Load and place the model from `source` (located from the flags when not given, never
     downloading then). Slow: call it in the model thread.
 
-    With --packing auto or on, a BERT-family or Qwen3 model is loaded straight from its folder
-    into warmgate's own forward passes (packed.py, qwen3.py) (transformers' modeling stack is
-    never imported: seconds of CPU less per start); anything else goes through transformers'
-    AutoModel.
+    With --packing auto or on, a BERT-family, Qwen3 or EmbeddingGemma model is loaded straight
+    from its folder into warmgate's own forward passes (packed.py, decoder.py) (transformers'
+    modeling stack is never imported: seconds of CPU less per start); anything else goes
+    through transformers' AutoModel.
     """
     if source is None:
         source = locate(config.model, config.model_revision, download=False)
@@ -246,15 +246,15 @@ def _load_packed(
         return None, "--packing off"
     if config.backend == "onnxruntime":
         return None, "--backend onnxruntime"
+    from .decoder import MODEL_TYPES as DECODERS
+    from .decoder import PackedDecoder
     from .packed import CheckpointMismatch, PackedBert
-    from .qwen3 import MODEL_TYPE as QWEN3
-    from .qwen3 import PackedQwen3
 
     try:
         model_type = json.loads((path / "config.json").read_text()).get("model_type")
     except (OSError, ValueError, AttributeError):
         model_type = None  # PackedBert.from_folder says what is wrong with config.json
-    packed = PackedQwen3 if model_type == QWEN3 else PackedBert
+    packed = PackedDecoder if model_type in DECODERS else PackedBert
     try:
         return packed.from_folder(path, dtype, device), ""
     except CheckpointMismatch as exc:

@@ -468,6 +468,7 @@ FAMILIES: dict[str, Family] = {
             _tokenizer_gemma,
             _gemma3,
             dense=((256, IDENTITY), (64, IDENTITY)),
+            packed=True,
             prompts={"query": "task: search result | query: ", "document": "title: none | text: "},
             hub_models=("google/embeddinggemma-300m",),
         ),

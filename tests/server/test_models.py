@@ -175,6 +175,8 @@ async def test_custom_code_is_refused_without_trust_remote_code_and_served_with_
         ("mpnet", "encoder.relative_attention_bias.weight",
          "encoder.layer.7.attention.attn.q.weight"),
         ("qwen3", "layers.1.self_attn.k_norm.weight", "layers.7.mlp.down_proj.weight"),
+        ("gemma3-dense", "layers.1.pre_feedforward_layernorm.weight",
+         "layers.7.mlp.up_proj.weight"),
     ],
 )  # fmt: skip
 async def test_weights_missing_or_unused_fail_the_load_with_their_names(
@@ -184,7 +186,8 @@ async def test_weights_missing_or_unused_fail_the_load_with_their_names(
     has no place for (another architecture's) fails to load, on both forward passes, with
     the key's name as the checkpoint names it (DistilBERT's and MPNet's own names, though the
     packed pass reads them as BERT's; MPNet's relative position bias among them; a Qwen3
-    layer's key norm); /ready says failed, so the pod never turns Ready."""
+    layer's key norm, a Gemma layer's norm before its MLP); /ready says failed, so the pod
+    never turns Ready."""
     import shutil
 
     from safetensors.torch import load_file, save_file

@@ -1,8 +1,10 @@
-"""Qwen3-Embedding's padding-free pass (qwen3.py) against transformers' Qwen3Model: the token
-states of every pass, for inputs of mixed lengths, of one length and alone, up to inputs longer
-than the zoo's warmup buckets; a checkpoint with attention biases saved as a causal LM; and the
-configurations the pass leaves to transformers. The served vectors against
-sentence-transformers are test_models.py's (the zoo's qwen3 row runs packed)."""
+"""The decoders' padding-free passes (decoder.py) against transformers: Qwen3-Embedding's
+against Qwen3Model, EmbeddingGemma's against Gemma3TextModel (bidirectional, sliding and full
+layers). The token states of every pass, for inputs of mixed lengths, of one length and alone,
+up to inputs longer than the zoo's warmup buckets (and than Gemma's window); checkpoints saved
+as a causal LM and configs in the hub's older form; and the configurations the pass leaves to
+transformers. The served vectors against sentence-transformers are test_models.py's (the zoo's
+qwen3 and gemma3-dense rows run packed)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import torch.nn.functional as F
 from support.server import dense_pooled, padded_batch, pooled
 
 from warmgate_server import zoo
-from warmgate_server.qwen3 import PackedQwen3, supports_config
+from warmgate_server.decoder import PackedDecoder, supports_config
 
 CLOSE = {"atol": 2e-5, "rtol": 1e-4}
 LONG = 200
@@ -37,7 +39,7 @@ def token_lists(folder: Path) -> list[list[int]]:
 
 
 def expected_states(model, batch: list[list[int]], side: str) -> list[torch.Tensor]:
-    """Qwen3Model's states of each input's tokens, the batch padded on `side` (the tokenizer
+    """transformers' states of each input's tokens, the batch padded on `side` (the tokenizer
     of Qwen3-Embedding pads on the left; warmgate's static pass on the right)."""
     seq_len = max(map(len, batch))
     ids = torch.zeros(len(batch), seq_len, dtype=torch.long)
@@ -53,6 +55,29 @@ def expected_states(model, batch: list[list[int]], side: str) -> list[torch.Tens
     ]
 
 
+def assert_every_pass_gives(
+    model, packed: PackedDecoder, lists: list[list[int]], seq_len: int, pooling: str
+) -> None:
+    """The packed pass on `lists` (mixed lengths), on its longest twice (one length) and on
+    its first alone, and the static pass on the same batches right-padded, give `model`'s
+    states whether it is padded on the left or the right; both pool alike."""
+    longest = max(lists, key=len)
+    batches = {"mixed": lists, "one length": [longest, longest[::-1]], "alone": lists[:1]}
+    with torch.inference_mode():
+        for what, batch in batches.items():
+            states, starts, lengths = packed.encode(batch, seq_len, len(batch))
+            ids, mask = padded_batch(batch, len(batch), max(map(len, batch)))
+            dense = packed.dense(ids, mask)
+            for side in ("left", "right"):
+                want = expected_states(model, batch, side)
+                for row, (start, length) in enumerate(zip(starts, lengths, strict=True)):
+                    got = states[start : start + length]
+                    torch.testing.assert_close(got, want[row], **CLOSE, msg=f"{what} {side}")
+                    torch.testing.assert_close(dense[row, :length], want[row], **CLOSE)
+            vectors = pooled(packed, batch, seq_len, len(batch), pooling)
+            torch.testing.assert_close(vectors, dense_pooled(packed, ids, mask, pooling), **CLOSE)
+
+
 @pytest.mark.parametrize("layout", zoo.LAYOUTS)
 def test_every_pass_gives_qwen3models_states(
     tmp_path_factory: pytest.TempPathFactory, layout: str
@@ -66,25 +91,10 @@ def test_every_pass_gives_qwen3models_states(
 
     folder = zoo.build("qwen3", layout, tmp_path_factory.mktemp("zoo"))
     model = AutoModel.from_pretrained(str(folder)).eval()
-    packed = PackedQwen3.from_folder(folder, torch.float32)
+    packed = PackedDecoder.from_folder(folder, torch.float32)
     assert (packed.heads, packed.kv_heads) == (4, 2)
-    lists = token_lists(folder)
-    longest = max(lists, key=len)
-    batches = {"mixed": lists, "one length": [longest, longest[::-1]], "alone": lists[:1]}
-    with torch.inference_mode():
-        for what, batch in batches.items():
-            states, starts, lengths = packed.encode(batch, LONG, len(batch))
-            ids, mask = padded_batch(batch, len(batch), max(map(len, batch)))
-            dense = packed.dense(ids, mask)
-            for side in ("left", "right"):
-                want = expected_states(model, batch, side)
-                for row, (start, length) in enumerate(zip(starts, lengths, strict=True)):
-                    got = states[start : start + length]
-                    torch.testing.assert_close(got, want[row], **CLOSE, msg=f"{what} {side}")
-                    torch.testing.assert_close(dense[row, :length], want[row], **CLOSE)
-            # last-token pooling, as the server pools: each input's <|endoftext|>
-            last = pooled(packed, batch, LONG, len(batch), "last")
-            torch.testing.assert_close(last, dense_pooled(packed, ids, mask, "last"), **CLOSE)
+    # last-token pooling, as the server pools: each input's <|endoftext|>
+    assert_every_pass_gives(model, packed, token_lists(folder), LONG, "last")
 
 
 def reference_causal_varlen(
@@ -118,10 +128,10 @@ def test_the_gpus_variable_length_pass_gives_the_cpus_states(
     from warmgate_server import packed as packed_module
 
     folder = zoo.build("qwen3", "current", tmp_path_factory.mktemp("zoo"))
-    padded_keys = PackedQwen3.from_folder(folder, torch.float32)
+    padded_keys = PackedDecoder.from_folder(folder, torch.float32)
     assert padded_keys.varlen is None  # on a CPU the padded-keys path is the real one
     monkeypatch.setattr(packed_module, "_varlen_attention", lambda *_args: reference_causal_varlen)
-    varlen = PackedQwen3.from_folder(folder, torch.float32)
+    varlen = PackedDecoder.from_folder(folder, torch.float32)
     assert varlen.varlen is reference_causal_varlen
     lists = token_lists(folder)
     rows = len(lists) + 1  # one padding row
@@ -135,7 +145,7 @@ def test_the_gpus_variable_length_pass_gives_the_cpus_states(
         raise AssertionError("not called")
 
     monkeypatch.setattr(packed_module, "_varlen_attention", lambda *_args: older)
-    assert PackedQwen3.from_folder(folder, torch.float32).varlen is None
+    assert PackedDecoder.from_folder(folder, torch.float32).varlen is None
 
 
 def test_attention_biases_and_a_causal_lm_checkpoint(tmp_path: Path) -> None:
@@ -152,7 +162,7 @@ def test_attention_biases_and_a_causal_lm_checkpoint(tmp_path: Path) -> None:
     torch.manual_seed(0)
     Qwen3ForCausalLM(config).eval().save_pretrained(tmp_path)
     model = AutoModel.from_pretrained(str(tmp_path)).eval()
-    packed = PackedQwen3.from_folder(tmp_path, torch.float32)
+    packed = PackedDecoder.from_folder(tmp_path, torch.float32)
     batch = [[5, 17, 200, 3], list(range(10, 60)), [42]]
     with torch.inference_mode():
         states, starts, lengths = packed.encode(batch, 64, 3)
@@ -182,5 +192,83 @@ def test_what_the_packed_pass_does_not_run_is_named(change: dict, why: str) -> N
             "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}  # fmt: skip
     assert supports_config(base) is None
     assert supports_config({**base, "rope_parameters": None, "rope_theta": 1e6}) is None
+    reason = supports_config({**base, **change})
+    assert reason is not None and why in reason, reason
+
+
+def gemma(folder: Path, **changes) -> Path:
+    """A random bidirectional Gemma 3 (EmbeddingGemma's architecture) saved in `folder`: a
+    sliding layer, a full one, a sliding one; the window 8 in config.json (transformers reads
+    it as 5: keys at most 4 positions away); its norms away from zero (they scale by 1 + w)."""
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    settings = dict(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    max_position_embeddings=128, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    use_bidirectional_attention=True, query_pre_attn_scalar=16,
+                    initializer_range=0.5)  # fmt: skip
+    settings.update(changes)
+    torch.manual_seed(0)
+    model = Gemma3TextModel(Gemma3TextConfig(**settings)).eval()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "norm" in name:
+                weight.normal_(0, 0.3)
+    model.save_pretrained(folder)
+    return folder
+
+
+GEMMA_BATCH = [list(range(5, 5 + n)) for n in (3, 17, 9, 40, 1, 4)]
+
+
+@pytest.mark.parametrize("form", ["current", "hub"])
+def test_every_pass_gives_gemma3textmodels_states(tmp_path: Path, form: str) -> None:
+    """EmbeddingGemma's layer: Gemma's (1 + w) RMSNorms before and after each sublayer, the
+    scaled embeddings, query_pre_attn_scalar, GELU (tanh), attention both ways, and sliding
+    layers that see only the keys within the window, each layer type with its own RoPE base.
+    The packed pass (mixed lengths up to 40 tokens, eight times the window; one length; a lone
+    input) and the static pass give transformers' states, padded on either side. `hub`: the
+    config.json form the hub's EmbeddingGemma has (transformers 4.56: rope_theta and
+    rope_local_base_freq, sliding_window_pattern rather than layer_types)."""
+    import json
+
+    from transformers import AutoModel
+
+    folder = gemma(tmp_path / "gemma")
+    if form == "hub":
+        config = json.loads((folder / "config.json").read_text())
+        del config["rope_parameters"], config["layer_types"]
+        config.update(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+                      rope_scaling=None, sliding_window_pattern=2)  # fmt: skip
+        (folder / "config.json").write_text(json.dumps(config))
+    model = AutoModel.from_pretrained(str(folder)).eval()
+    packed = PackedDecoder.from_folder(folder, torch.float32)
+    assert packed.kinds == ["sliding_attention", "full_attention", "sliding_attention"]
+    assert packed.window == model.config.sliding_window == 5
+    assert_every_pass_gives(model, packed, GEMMA_BATCH, 64, "mean")
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"use_bidirectional_attention": False}, "a causal Gemma 3"),
+        ({"attn_logit_softcapping": 50.0}, "attention logit soft-capping"),
+        ({"hidden_activation": "gelu"}, "activation 'gelu' is not gelu_pytorch_tanh"),
+        ({"rope_parameters": {
+            "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+         "RoPE type 'linear' is not the default"),
+    ],
+)  # fmt: skip
+def test_what_the_packed_pass_does_not_run_of_gemma_is_named(change: dict, why: str) -> None:
+    """Gemma 3 configurations the packed pass does not compute (a causal one, soft-capped
+    scores, another activation, scaled RoPE: Gemma 3's own 4B and up) are left to
+    transformers' pass with the reason."""
+    base = {"model_type": "gemma3_text", "hidden_size": 64, "num_attention_heads": 4,
+            "num_hidden_layers": 6, "intermediate_size": 128, "sliding_window": 512,
+            "hidden_activation": "gelu_pytorch_tanh", "use_bidirectional_attention": True,
+            "query_pre_attn_scalar": 256, "attn_logit_softcapping": None}  # fmt: skip
+    assert supports_config(base) is None
     reason = supports_config({**base, **change})
     assert reason is not None and why in reason, reason
