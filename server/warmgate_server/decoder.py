@@ -17,13 +17,13 @@ The pass runs the linear layers and norms on the real tokens only, packed into o
 hidden) matrix, the query, key and value projections fused into one matrix multiplication and
 the gate and up projections into another; attention sees the inputs padded to the batch's
 longest (rounded up to ATTENTION_ALIGN), right-padded: causal attention alone keeps Qwen3's
-real queries off the padding, Gemma's mask the padded keys. On a CUDA device in half precision
-Qwen3 runs torch's variable-length (flash) attention on the packed tokens instead, with a
-causal window and grouped key/value heads. Positions count from 0 in each input: transformers
-numbers a left-padded input's tokens from the padding's width on, and RoPE's scores depend
-only on the distance between query and key (and the window on the distance too), so the states
-are the same (the tests compare them with transformers' and the vectors with
-sentence-transformers').
+real queries off the padding, Gemma's mask the padded keys. On a CUDA device in half
+precision both run torch's variable-length (flash) attention on the packed tokens instead, with
+grouped key/value heads and a window: causal for Qwen3, Gemma's sliding one on its sliding
+layers. Positions count from 0 in each input: transformers numbers a left-padded input's tokens
+from the padding's width on, and RoPE's scores depend only on the distance between query and
+key (and the window on the distance too), so the states are the same (the tests compare them
+with transformers' and the vectors with sentence-transformers').
 
 What this pass does not run falls back to transformers' (packing auto), with the reason
 logged: Qwen3's sliding-window attention, RoPE scaling (a rope_type other than default), other
@@ -204,9 +204,9 @@ class PackedDecoder:
         first = next(iter(state.values()))
         self.device = first.device
         self.dtype = first.dtype
-        self.varlen = None if self.gemma else _causal_varlen(self.device, self.dtype)
-        """Variable-length (flash) attention on the packed tokens, causal, with grouped
-        key/value heads, or None (padded keys)."""
+        self.varlen = _windowed_varlen(self.device, self.dtype)
+        """Variable-length (flash) attention on the packed tokens, with a window (causal, or
+        Gemma's sliding one) and grouped key/value heads, or None (padded keys)."""
         self.hidden = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
         self.kv_heads = int(config.get("num_key_value_heads") or self.heads)
@@ -308,7 +308,7 @@ class PackedDecoder:
         p = Packing.of(batch, seq_len, rows, self.device.type == "cpu" and self.varlen is None)
         if self.varlen is not None:
             bounds = self._on_device(np.append(p.starts, p.total).astype(np.int32))
-            attend = {FULL: self._varlen_attend(bounds, p.seq_len)}
+            attend = {kind: self._varlen_attend(bounds, p.seq_len, kind) for kind in self.rope}
         else:
             slot, keys = None, None
             if not p.uniform:
@@ -396,16 +396,23 @@ class PackedDecoder:
 
         return attend
 
-    def _varlen_attend(self, bounds: torch.Tensor, seq_len: int) -> Attend:
-        """Causal variable-length attention on the packed tokens: `bounds` are the rows'
-        cumulative token offsets (rows + 1, int32)."""
-        varlen, width = self.varlen, self.heads * self.head_size
+    def _varlen_attend(self, bounds: torch.Tensor, seq_len: int, kind: str) -> Attend:
+        """Variable-length attention on the packed tokens: `bounds` are the rows' cumulative
+        token offsets (rows + 1, int32). The window (keys to the left, to the right; -1: all):
+        causal for Qwen3; both ways for Gemma, within `window` - 1 on a sliding layer."""
+        varlen, width, scale = self.varlen, self.heads * self.head_size, self.scale
         assert varlen is not None
+        if not self.gemma:
+            window = (-1, 0)
+        elif kind == SLIDING and self.window is not None:
+            window = (self.window - 1, self.window - 1)
+        else:
+            window = (-1, -1)
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
             context = varlen(q, k, v, bounds, bounds, seq_len, seq_len,
-                             window_size=(-1, 0), enable_gqa=True)  # fmt: skip
+                             scale=scale, window_size=window, enable_gqa=True)  # fmt: skip
             return context.reshape(-1, width)
 
         return attend
@@ -440,9 +447,9 @@ class PackedDecoder:
         return x + (out if post_mlp_norm is None else norm(out, post_mlp_norm, eps))
 
 
-def _causal_varlen(device: torch.device, dtype: torch.dtype) -> Callable[..., Any] | None:
+def _windowed_varlen(device: torch.device, dtype: torch.dtype) -> Callable[..., Any] | None:
     """torch's variable-length flash attention where it runs (CUDA, half precision) and takes
-    a causal window and grouped key/value heads (torch 2.10 on), else None."""
+    a window, a scale and grouped key/value heads (torch 2.10 on), else None."""
     from . import packed
 
     varlen = packed._varlen_attention(device, dtype)
@@ -452,7 +459,7 @@ def _causal_varlen(device: torch.device, dtype: torch.dtype) -> Callable[..., An
         parameters = inspect.signature(varlen).parameters
     except (TypeError, ValueError):
         return None
-    return varlen if {"window_size", "enable_gqa"} <= set(parameters) else None
+    return varlen if {"window_size", "enable_gqa", "scale"} <= set(parameters) else None
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

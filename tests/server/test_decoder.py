@@ -97,49 +97,73 @@ def test_every_pass_gives_qwen3models_states(
     assert_every_pass_gives(model, packed, token_lists(folder), LONG, "last")
 
 
-def reference_causal_varlen(
-    q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False
-):
-    """torch's varlen_attn contract, causal (window (-1, 0)) with grouped key/value heads:
-    (tokens, heads, head) packed inputs, int32 offsets; each input attends on its own."""
-    assert window_size == (-1, 0) and enable_gqa
+WINDOWS: list[tuple[int, int]] = []
+"""The windows reference_varlen was called with."""
+
+
+def reference_varlen(
+    q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
+    enable_gqa=False,
+):  # fmt: skip
+    """torch's varlen_attn contract with a window (keys to the left, to the right of each
+    query; -1: all) and grouped key/value heads: (tokens, heads, head) packed inputs, int32
+    offsets; each input attends on its own."""
+    assert enable_gqa
     assert cu_seq_q.dtype == torch.int32 and torch.equal(cu_seq_q, cu_seq_k)
+    WINDOWS.append(window_size)
     bounds = cu_seq_q.tolist()
     assert max(b - a for a, b in itertools.pairwise(bounds)) <= max_q == max_k
     groups = q.shape[1] // k.shape[1]
+    left, right = window_size
     out = torch.empty_like(q)
     for start, stop in itertools.pairwise(bounds):
+        index = torch.arange(stop - start)
+        ahead = index[None, :] - index[:, None]  # key - query
+        allowed = torch.ones(len(index), len(index), dtype=torch.bool)
+        if left >= 0:
+            allowed &= -ahead <= left
+        if right >= 0:
+            allowed &= ahead <= right
         query = q[start:stop].transpose(0, 1)
         key, value = (t[start:stop].transpose(0, 1).repeat_interleave(groups, 0) for t in (k, v))
         out[start:stop] = F.scaled_dot_product_attention(
-            query, key, value, is_causal=True
+            query, key, value, attn_mask=allowed, scale=scale
         ).transpose(0, 1)
     return out
 
 
+@pytest.mark.parametrize("model", ["qwen3", "gemma"])
 def test_the_gpus_variable_length_pass_gives_the_cpus_states(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch, model: str
 ) -> None:
-    """On a CUDA device in half precision Qwen3 attends with torch's variable-length flash
-    attention on the packed tokens (causal window, grouped key/value heads): with a reference
-    implementation of its contract standing in for the kernel, that pass, at the planned
-    rows with a padding row, gives the CPU pass's states and pooled vectors. A varlen_attn
-    without the causal window (an older torch) is not used."""
+    """On a CUDA device in half precision both decoders attend with torch's variable-length
+    flash attention on the packed tokens (grouped key/value heads; causal for Qwen3, both ways
+    for Gemma, within the window on its sliding layers, with its score scale): with a
+    reference implementation of its contract standing in for the kernel, that pass, at the
+    planned rows with a padding row, gives the CPU pass's states and pooled vectors. A
+    varlen_attn without windows (an older torch) is not used."""
     from warmgate_server import packed as packed_module
 
-    folder = zoo.build("qwen3", "current", tmp_path_factory.mktemp("zoo"))
+    root = tmp_path_factory.mktemp("zoo")
+    if model == "qwen3":
+        folder = zoo.build("qwen3", "current", root)
+        lists, seq_len, windows = token_lists(folder), LONG, {(-1, 0)}
+    else:
+        folder = gemma(root / "gemma")
+        lists, seq_len, windows = GEMMA_BATCH, 64, {(4, 4), (-1, -1)}
     padded_keys = PackedDecoder.from_folder(folder, torch.float32)
     assert padded_keys.varlen is None  # on a CPU the padded-keys path is the real one
-    monkeypatch.setattr(packed_module, "_varlen_attention", lambda *_args: reference_causal_varlen)
+    monkeypatch.setattr(packed_module, "_varlen_attention", lambda *_args: reference_varlen)
     varlen = PackedDecoder.from_folder(folder, torch.float32)
-    assert varlen.varlen is reference_causal_varlen
-    lists = token_lists(folder)
+    assert varlen.varlen is reference_varlen
     rows = len(lists) + 1  # one padding row
+    WINDOWS.clear()
     with torch.inference_mode():
         for pooling in ("last", "mean", "none"):
-            expected = pooled(padded_keys, lists, LONG, rows, pooling)
-            got = pooled(varlen, lists, LONG, rows, pooling)
+            expected = pooled(padded_keys, lists, seq_len, rows, pooling)
+            got = pooled(varlen, lists, seq_len, rows, pooling)
             torch.testing.assert_close(got, expected, **CLOSE)
+    assert set(WINDOWS) == windows
 
     def older(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k):
         raise AssertionError("not called")
@@ -206,7 +230,7 @@ def gemma(folder: Path, **changes) -> Path:
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                     max_position_embeddings=128, sliding_window=8,
                     layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-                    use_bidirectional_attention=True, query_pre_attn_scalar=16,
+                    use_bidirectional_attention=True, query_pre_attn_scalar=24,
                     initializer_range=0.5)  # fmt: skip
     settings.update(changes)
     torch.manual_seed(0)
