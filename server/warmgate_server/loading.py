@@ -101,12 +101,34 @@ def _pick_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def _pick_dtype(requested: str, device: torch.device) -> torch.dtype:
+# Model types whose activations overflow float16 (Gemma 2's and 3's: EmbeddingGemma's model
+# card says to run it in bfloat16 or float32): `auto` takes bfloat16 on a GPU for them, and
+# float16 is refused rather than served as vectors of infinities and NaNs.
+NO_FLOAT16 = ("gemma2", "gemma3", "gemma3_text")
+
+
+def _pick_dtype(requested: str, device: torch.device, model_type: str | None = None) -> torch.dtype:
     import torch
 
     if requested == "auto":
-        return torch.float16 if device.type == "cuda" else torch.float32
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if model_type in NO_FLOAT16 else torch.float16
+    if requested == "float16" and model_type in NO_FLOAT16:
+        raise ModelLoadError(
+            f"--dtype float16: a {model_type} model's activations overflow float16 (Gemma's "
+            "model cards say to run it in bfloat16 or float32); use --dtype bfloat16 or float32"
+        )
     return getattr(torch, requested)
+
+
+def _model_type(path: Path) -> str | None:
+    """config.json's model_type, None where it cannot be read (the loaders say why)."""
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return model_type if isinstance(model_type, str) else None
 
 
 def load_model(config: ServerConfig, source: ModelSource | None = None) -> LoadedModel:
@@ -126,7 +148,7 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
     device = _pick_device("cpu" if config.backend == "onnxruntime" else config.device)
     threads = plan_threads(config, device.type)
     torch.set_num_threads(threads.threads)  # the intra-op pool size every model thread uses
-    dtype = _pick_dtype(config.dtype, device)
+    dtype = _pick_dtype(config.dtype, device, _model_type(path))
     started = time.perf_counter()
     try:
         folder = modelconfig.read_folder(path, config.trust_remote_code)
@@ -250,11 +272,7 @@ def _load_packed(
     from .decoder import PackedDecoder
     from .packed import CheckpointMismatch, PackedBert
 
-    try:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        model_type = None  # PackedBert.from_folder says what is wrong with config.json
-    packed = PackedDecoder if model_type in DECODERS else PackedBert
+    packed = PackedDecoder if _model_type(path) in DECODERS else PackedBert
     try:
         return packed.from_folder(path, dtype, device), ""
     except CheckpointMismatch as exc:

@@ -110,6 +110,27 @@ async def test_each_family_serves_sentence_transformers_vectors(
         assert cosine(got, want).min() >= MIN_COSINE, prompt_name
 
 
+async def test_gemma_in_float16_is_refused_and_auto_takes_bfloat16_on_a_gpu(
+    aiohttp_client, zoo_root: Path
+) -> None:
+    """Gemma 3's activations overflow float16 (EmbeddingGemma's model card: bfloat16 or
+    float32): `--dtype float16` fails the load with the way out, so the pod never serves
+    vectors of infinities; `auto` takes bfloat16 for it on a GPU, float16 for the others."""
+    import torch
+
+    from warmgate_server.loading import _pick_dtype
+
+    folder = zoo.build("gemma3-dense", "current", zoo_root)
+    _client, ready = await serve(aiohttp_client, folder, "--dtype", "float16")
+    assert ready["phase"] == "failed"
+    assert "overflow float16" in ready["error"], ready["error"]
+    assert "use --dtype bfloat16 or float32" in ready["error"], ready["error"]
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert _pick_dtype("auto", gpu, "gemma3_text") == torch.bfloat16
+    assert _pick_dtype("auto", gpu, "qwen3") == torch.float16
+    assert _pick_dtype("auto", cpu, "gemma3_text") == torch.float32
+
+
 async def test_onnxruntime_refuses_a_model_it_cannot_export(aiohttp_client, zoo_root: Path) -> None:
     """--backend onnxruntime exports the model during warmup; a model torch's exporter cannot
     export fails the warmup with the exporter's reason and the way out (--backend torch), so
