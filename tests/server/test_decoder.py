@@ -174,9 +174,12 @@ def test_the_gpus_variable_length_pass_gives_the_cpus_states(
 
 def test_attention_biases_and_a_causal_lm_checkpoint(tmp_path: Path) -> None:
     """A Qwen3 with attention biases (attention_bias: true), saved as Qwen3ForCausalLM (the
-    base model's weights under `model.`, an `lm_head` no embedding reads) with the older
-    config.json's rope_theta, loads into the packed pass and gives the states transformers'
-    AutoModel gives for it."""
+    base model's weights under `model.`, an `lm_head` no embedding reads), with config.json in
+    transformers 5's form (rope_parameters) and in the hub's older one (rope_theta and
+    rope_scaling, as Qwen3-Embedding's), loads into the packed pass and gives the states
+    transformers' AutoModel gives for it; a RoPE base other than the file's would not."""
+    import json
+
     from transformers import AutoModel, Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
@@ -185,14 +188,24 @@ def test_attention_biases_and_a_causal_lm_checkpoint(tmp_path: Path) -> None:
                          rope_parameters={"rope_type": "default", "rope_theta": 500.0})  # fmt: skip
     torch.manual_seed(0)
     Qwen3ForCausalLM(config).eval().save_pretrained(tmp_path)
-    model = AutoModel.from_pretrained(str(tmp_path)).eval()
-    packed = PackedDecoder.from_folder(tmp_path, torch.float32)
     batch = [[5, 17, 200, 3], list(range(10, 60)), [42]]
-    with torch.inference_mode():
-        states, starts, lengths = packed.encode(batch, 64, 3)
-        want = expected_states(model, batch, "right")
-    for row, (start, length) in enumerate(zip(starts, lengths, strict=True)):
-        torch.testing.assert_close(states[start : start + length], want[row], **CLOSE)
+    for form in ("current", "hub"):
+        if form == "hub":
+            saved = json.loads((tmp_path / "config.json").read_text())
+            del saved["rope_parameters"]
+            saved.update(rope_theta=500.0, rope_scaling=None)
+            (tmp_path / "config.json").write_text(json.dumps(saved))
+        model = AutoModel.from_pretrained(str(tmp_path)).eval()
+        packed = PackedDecoder.from_folder(tmp_path, torch.float32)
+        other_base = PackedDecoder.from_folder(tmp_path, torch.float32)
+        other_base.rope = {kind: other_base._rope(10000.0) for kind in other_base.rope}
+        with torch.inference_mode():
+            states, starts, lengths = packed.encode(batch, 64, 3)
+            wrong, _, _ = other_base.encode(batch, 64, 3)
+            want = expected_states(model, batch, "right")
+        for row, (start, length) in enumerate(zip(starts, lengths, strict=True)):
+            torch.testing.assert_close(states[start : start + length], want[row], **CLOSE)
+        assert (wrong[starts[1] : starts[1] + lengths[1]] - want[1]).abs().max() > 1e-3, form
 
 
 @pytest.mark.parametrize(
