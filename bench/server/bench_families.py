@@ -37,8 +37,8 @@ import torch
 from bench_server import REPO, machine, write_doc
 
 from warmgate_server import zoo
-from warmgate_server.decoder import MODEL_TYPES as DECODERS
 from warmgate_server.decoder import PackedDecoder
+from warmgate_server.loading import packed_pass
 from warmgate_server.packed import PackedBert
 
 BEGIN, END = "<!-- family-benchmarks:begin -->", "<!-- family-benchmarks:end -->"
@@ -183,8 +183,8 @@ def measure(folder: Path, family: str, rounds: int, seconds: float) -> dict[str,
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModel.from_pretrained(str(folder)).eval()
-    decoder = json.loads((folder / "config.json").read_text())["model_type"] in DECODERS
-    packed = (PackedDecoder if decoder else PackedBert).from_folder(folder, torch.float32)
+    model_type = json.loads((folder / "config.json").read_text())["model_type"]
+    packed = packed_pass(folder, torch.float32, "cpu", model_type)
     token_types = "token_type_ids" in tokenizer.model_input_names
     result: dict[str, Any] = {}
     for label, count, bucket in POINTS:

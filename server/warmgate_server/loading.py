@@ -122,15 +122,6 @@ def _pick_dtype(requested: str, device: torch.device, model_type: str | None = N
     return getattr(torch, requested)
 
 
-def _model_type(path: Path) -> str | None:
-    """config.json's model_type, None where it cannot be read (the loaders say why)."""
-    try:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return model_type if isinstance(model_type, str) else None
-
-
 def load_model(config: ServerConfig, source: ModelSource | None = None) -> LoadedModel:
     """Load and place the model from `source` (located from the flags when not given, never
     downloading then). Slow: call it in the model thread.
@@ -148,13 +139,13 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
     device = _pick_device("cpu" if config.backend == "onnxruntime" else config.device)
     threads = plan_threads(config, device.type)
     torch.set_num_threads(threads.threads)  # the intra-op pool size every model thread uses
-    dtype = _pick_dtype(config.dtype, device, _model_type(path))
     started = time.perf_counter()
     try:
         folder = modelconfig.read_folder(path, config.trust_remote_code)
         settings = modelconfig.resolve(config, path, folder)
     except modelconfig.ModelConfigError as error:
         raise ModelLoadError(str(error)) from None
+    dtype = _pick_dtype(config.dtype, device, folder.model_type)
     # Code the folder points at: without --trust-remote-code, only transformers' own class
     # for its model type may serve it, and only if it loads the checkpoint exactly and does
     # not attend causally (a decoder's own code may attend both ways: gte-Qwen2).
@@ -162,7 +153,7 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
     if any(item.startswith("tokenizer_config.json") for item in custom):
         raise _custom_code_refused(config, custom)
     tokenizer = _load_tokenizer(config, path)
-    packed, why_not = _load_packed(config, path, device, dtype)
+    packed, why_not = _load_packed(config, path, device, dtype, folder.model_type)
     model = None
     if packed is None:
         if config.packing == "on":
@@ -260,21 +251,43 @@ def _load_tokenizer(config: ServerConfig, path: Path) -> Any:
         ) from exc
 
 
+def packed_pass(
+    path: Path, dtype: torch.dtype, device: torch.device | str, model_type: str | None
+) -> Any:
+    """warmgate's padding-free pass for the model in `path` whose config.json names
+    `model_type`: PackedBert for the BERT family, PackedDecoder for Qwen3 and EmbeddingGemma.
+    ValueError says why it cannot run one; CheckpointMismatch, that the weights are not the
+    architecture's."""
+    from .decoder import MODEL_TYPES as DECODERS
+    from .decoder import PackedDecoder
+    from .packed import PACKED_TYPES, PackedBert
+
+    if model_type in DECODERS:
+        return PackedDecoder.from_folder(path, dtype, device)
+    if model_type in PACKED_TYPES:
+        return PackedBert.from_folder(path, dtype, device)
+    types = ", ".join((*PACKED_TYPES, *DECODERS))
+    raise ValueError(
+        f"cannot run this model packed: model type {model_type!r} is not one of {types}"
+    )
+
+
 def _load_packed(
-    config: ServerConfig, path: Path, device: torch.device, dtype: torch.dtype
+    config: ServerConfig,
+    path: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    model_type: str | None,
 ) -> tuple[Any, str]:
     """(the padding-free forward pass, "") or (None, why not)."""
     if config.packing == "off":
         return None, "--packing off"
     if config.backend == "onnxruntime":
         return None, "--backend onnxruntime"
-    from .decoder import MODEL_TYPES as DECODERS
-    from .decoder import PackedDecoder
-    from .packed import CheckpointMismatch, PackedBert
+    from .packed import CheckpointMismatch
 
-    packed = PackedDecoder if _model_type(path) in DECODERS else PackedBert
     try:
-        return packed.from_folder(path, dtype, device), ""
+        return packed_pass(path, dtype, device, model_type), ""
     except CheckpointMismatch as exc:
         raise ModelLoadError(
             f"--model {config.model}: {exc}: it would serve random layers"

@@ -138,6 +138,8 @@ class FolderSettings:
     max_seq_length: int | None = None
     decoder: str | None = None
     """The architecture when config.json describes a decoder-only model (decoder_name)."""
+    model_type: str | None = None
+    """config.json's model_type (None where it has none or cannot be read)."""
 
 
 @dataclass(frozen=True)
@@ -349,11 +351,15 @@ def read_folder(folder: Path, trust_remote_code: bool = False) -> FolderSettings
     """The folder's own settings; ModelConfigError for whatever this server cannot reproduce."""
     modules = _module_list(folder)
     st_config = _read_json(folder / "config_sentence_transformers.json") or {}
+    model_config = _read_json(folder / "config.json")
+    model_config = model_config if isinstance(model_config, dict) else {}
+    model_type = model_config.get("model_type")
     prompts = st_config.get("prompts") if isinstance(st_config.get("prompts"), dict) else {}
     common = {
         "prompts": {str(k): str(v) for k, v in prompts.items()},
         "default_prompt_name": st_config.get("default_prompt_name") or None,
-        "decoder": decoder_name(folder),
+        "decoder": decoder_name(model_config),
+        "model_type": model_type if isinstance(model_type, str) else None,
     }
     if modules is None:
         return FolderSettings(**common)
@@ -408,11 +414,9 @@ def read_folder(folder: Path, trust_remote_code: bool = False) -> FolderSettings
     )
 
 
-def decoder_name(folder: Path) -> str | None:
-    """The architecture when config.json describes a decoder-only model, else None."""
-    config = _read_json(folder / "config.json")
-    if not isinstance(config, dict):
-        return None
+def decoder_name(config: Mapping[str, Any]) -> str | None:
+    """The architecture when config.json (`config`) describes a decoder-only model, else
+    None."""
     architectures = [str(name) for name in config.get("architectures") or []]
     model_type = str(config.get("model_type") or "")
     decoder = (

@@ -157,8 +157,7 @@ def position_offset(config: Mapping[str, Any]) -> int:
 def supports_config(config: Mapping[str, Any]) -> str | None:
     """None when a model with this config.json can run packed, else why not."""
     if config.get("model_type") not in PACKED_TYPES:
-        types = ", ".join((*PACKED_TYPES, "qwen3, gemma3_text (decoder.py)"))
-        return f"model type {config.get('model_type')!r} is not one of {types}"
+        return f"model type {config.get('model_type')!r} is not one of {', '.join(PACKED_TYPES)}"
     config = bert_config(config)
     if config.get("sinusoidal_pos_embds"):
         # transformers may write sinusoids over the checkpoint's position embeddings: its own
