@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from . import linear
 from .errors import weight_names
-from .packed import CheckpointMismatch, Packing, read_folder
+from .packed import CheckpointMismatch, Packing, on_device, read_folder
 
 log = logging.getLogger(__name__)
 
@@ -305,21 +305,21 @@ class PackedDecoder:
         rows padded to its longest input (rounded up to ATTENTION_ALIGN; inputs of one length
         not padded at all); on a GPU over the planned (rows, seq_len), the rows past the
         batch one token each (variable-length attention: the packed tokens themselves)."""
-        p = Packing.of(batch, seq_len, rows, self.device.type == "cpu" and self.varlen is None)
+        device = self.device
+        p = Packing.of(batch, seq_len, rows, device.type == "cpu" and self.varlen is None)
         if self.varlen is not None:
-            bounds = self._on_device(np.append(p.starts, p.total).astype(np.int32))
+            bounds = on_device(p.bounds(), device)
             attend = {kind: self._varlen_attend(bounds, p.seq_len, kind) for kind in self.rope}
         else:
             slot, keys = None, None
             if not p.uniform:
-                slot = self._on_device(p.row_of * p.seq_len + p.position)  # (rows * seq_len)
+                slot = on_device(p.slots(), device)
                 if self.gemma:  # both ways: the padded keys masked (causal: right padding)
-                    keys = self._on_device(np.arange(p.seq_len)[None, :] < p.lengths[:, None])
-                    keys = keys[:, None, None, :]  # (rows, 1, 1, seq_len)
+                    keys = on_device(p.keys(), device)
             attend = {kind: self._attend(slot, keys, p.rows, p.seq_len, kind) for kind in self.rope}
-        where = self._on_device(p.position)
+        where = on_device(p.position, device)
         rope = {kind: (cos[where], sin[where]) for kind, (cos, sin) in self.rope.items()}
-        x = self._embed(self._on_device(p.token_ids))
+        x = self._embed(on_device(p.token_ids, device))
         kernel = self.kernels.for_rows(p.total)
         for layer, norms, kind in zip(kernel.layers, self.norms, self.kinds, strict=True):
             x = self._layer(kernel, layer, norms, x, *rope[kind], attend[kind])
@@ -355,10 +355,6 @@ class PackedDecoder:
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed[ids]
         return x if self.embed_scale is None else x * self.embed_scale
-
-    def _on_device(self, array: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(array)
-        return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
 
     def _attend(
         self, slot: torch.Tensor | None, keys: torch.Tensor | None, rows: int, seq_len: int,

@@ -241,11 +241,30 @@ class Packing:
             token_ids=np.fromiter(chain.from_iterable(batch), np.int64, total),
         )
 
+    def bounds(self) -> np.ndarray:
+        """The rows' cumulative token offsets (rows + 1, int32), as variable-length attention
+        takes them."""
+        return np.append(self.starts, self.total).astype(np.int32)
+
+    def slots(self) -> np.ndarray:
+        """Where each packed token sits in the padded (rows * seq_len) layout."""
+        return self.row_of * self.seq_len + self.position
+
+    def keys(self) -> np.ndarray:
+        """Which keys each row attends in the padded layout: (rows, 1, 1, seq_len)."""
+        return (np.arange(self.seq_len)[None, :] < self.lengths[:, None])[:, None, None, :]
+
     def packed_states(self, x: torch.Tensor) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """The batch's own inputs' states of a pass's (tokens, hidden) `x` (the padding rows'
         left out), with each input's start and length."""
         real = int(self.starts[self.count - 1] + self.lengths[self.count - 1])
         return x[:real], self.starts[: self.count], self.lengths[: self.count]
+
+
+def on_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array as a tensor on `device` (on a CPU, the same memory)."""
+    tensor = torch.from_numpy(array)
+    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
 
 
 def read_folder(
@@ -368,30 +387,21 @@ class PackedBert:
     ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """The last hidden states of `batch` laid out as `rows` x `seq_len`, packed: (real
         tokens, hidden) in the weights' dtype, the inputs' tokens one after another, with each
-        input's start and length (head.py pools them).
-
-        On a GPU, rows past len(batch) are padding rows of one token each (the first token of
-        the first input), so attention runs at exactly the planned (rows, seq_len) shape, whose
-        kernels the warmup chose. On a CPU attention runs over the batch's own rows, padded to
-        its longest input (rounded up to ATTENTION_ALIGN) rather than the bucket: the padded
-        keys' work grows with the square of the padded length and is masked away, and a CPU
-        chooses no kernel per shape (the linear layers already run at the batch's token count).
-        Inputs all of one length (a lone input above all) are not padded at all.
-        """
-        p = Packing.of(batch, seq_len, rows, self.device.type == "cpu" and self.varlen is None)
+        input's start and length (head.py pools them). Attention's layout is Packing.of's: on
+        a GPU the planned shape (its kernels the warmup chose), on a CPU the batch's own rows
+        (the linear layers run at the batch's token count either way)."""
+        device = self.device
+        p = Packing.of(batch, seq_len, rows, device.type == "cpu" and self.varlen is None)
         if self.varlen is not None:
-            bounds = np.append(p.starts, p.total).astype(np.int32)
-            attend = self._varlen_attend(self._on_device(bounds), p.seq_len)
+            attend = self._varlen_attend(on_device(p.bounds(), device), p.seq_len)
         elif p.uniform:
             attend = self._padded_attend(None, None, p.rows, p.seq_len)
         else:
-            slot = self._on_device(p.row_of * p.seq_len + p.position)  # into (rows * seq_len)
-            keys = self._on_device(np.arange(p.seq_len)[None, :] < p.lengths[:, None])
-            keys = keys[:, None, None, :]  # (rows, 1, 1, seq_len): which keys each row attends
+            slot, keys = on_device(p.slots(), device), on_device(p.keys(), device)
             attend = self._padded_attend(slot, keys, p.rows, p.seq_len)
 
         position = self._position_ids(p.token_ids, p.position, p.starts, p.row_of)
-        x = self.word[self._on_device(p.token_ids)] + self.position[self._on_device(position)]
+        x = self.word[on_device(p.token_ids, device)] + self.position[on_device(position, device)]
         if self.token_type is not None:
             x = x + self.token_type
         x = self._norm(x, self.embedding_norm)
@@ -438,10 +448,6 @@ class PackedBert:
         counted = np.cumsum(real)
         before = np.concatenate([[0], counted])[starts]  # real tokens of the rows before
         return np.where(real, counted - before[row_of] + pad, pad)
-
-    def _on_device(self, array: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(array)
-        return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
 
     def _padded_attend(
         self, slot: torch.Tensor | None, keys: torch.Tensor | None, rows: int, seq_len: int
