@@ -198,8 +198,8 @@ class PackedDecoder:
         why_not = supports_config(config)
         if why_not is not None:
             raise ValueError(f"cannot run this model packed: {why_not}")
-        self.model_type = str(config["model_type"])
-        self.gemma = self.model_type == GEMMA3
+        model_type = str(config["model_type"])
+        self.gemma = model_type == GEMMA3
         state = _canonical(state)
         first = next(iter(state.values()))
         self.device = first.device
@@ -236,7 +236,7 @@ class PackedDecoder:
         )
         layers = len(self.kinds)
         bias = bool(config.get("attention_bias", False))
-        norms = _NORMS[self.model_type]
+        norms = _NORMS[model_type]
         per_layer = [f"self_attn.{name}.weight" for name in (*_PROJECTIONS, "o_proj")]
         per_layer += [f"{name}.weight" for name in (*norms, *_MLP)]
         if bias:
@@ -287,7 +287,6 @@ class PackedDecoder:
         """Each layer type's (cos, sin) of every position."""
         self.kernels = linear.choose(plain, self.device, self.dtype, lambda x: x, ("none", ""))
         """The linear layers' kernel for a pass of a given token count (linear.py)."""
-        self.onednn = "onednn" in self.kernels.names
 
     @classmethod
     def from_folder(
