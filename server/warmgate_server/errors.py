@@ -34,12 +34,11 @@ def weight_names(keys: Sequence[str], shown: int = 8) -> str:
 
 
 class InputTooLong(ValueError):
-    """An input above the limit, with truncation off (the runner raises it): in tokens, or in
-    characters for a text too long to be worth tokenizing."""
+    """An input of more tokens than the limit, with truncation off (the runner raises it)."""
 
-    def __init__(self, index: int, length: int, limit: int, unit: str = "tokens") -> None:
-        super().__init__(f"input {index} has {length} {unit}, above the limit of {limit}")
-        self.index, self.length, self.limit, self.unit = index, length, limit, unit
+    def __init__(self, index: int, length: int, limit: int) -> None:
+        super().__init__(f"input {index} has {length} tokens, above the limit of {limit}")
+        self.index, self.length, self.limit = index, length, limit
 
 
 class InvalidTokenIds(ValueError):

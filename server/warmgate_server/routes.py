@@ -291,7 +291,7 @@ async def _answer(
         raise validation(str(exc), "invalid_token_ids", "input") from None
     except InputTooLong as exc:
         raise validation(
-            f"input {exc.index} has {exc.length} {exc.unit}, above the limit of {exc.limit}: "
+            f"input {exc.index} has {exc.length} tokens, above the limit of {exc.limit}: "
             f"shorten it{api.too_long_hint} (the server truncates instead with --auto-truncate)",
             "input_too_long",
         ) from None

@@ -29,11 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_CHARS_PER_TOKEN = 64
-"""Text averages 3 to 6 characters per token, so a text of 64 per token of the limit is far over
-it: it is refused on its length, or cut there when truncating, before the tokenizer spends
-time on it (a 2 MB body of one string)."""
-
 # Text whose tokens fill warmup inputs. Real words, so the tokenizer path is the serving one.
 _WARMUP_TEXT = (
     "warmgate warms every shape of its plan before it reports ready, so that no user request "
@@ -174,9 +169,17 @@ class ModelRunner:
         (None: the model's default prompt). Truncation keeps the model's
         special tokens and cuts the text between them, on the right (end of the text) or the
         left (start of the text).
+
+        Every text is tokenized whole, however long, and judged on its tokens alone: no count
+        of characters bounds a text's tokens (10,000 spaces are no token to WordPiece and
+        thousands to a byte-level BPE), so cutting or refusing a text on its characters first
+        served other tokens than the tokenizer's, or refused a text of a few tokens (issue
+        41). --payload-limit bounds the cost: one string of the default 2 MB took 0.1 to 2 s of
+        one AMD EPYC core to tokenize, whatever its text and whichever the tokenizer
+        (WordPiece and SentencePiece in tokenizer.py, byte-level BPE in transformers), and
+        truncating saves none of it (transformers' tokenizers also cut after tokenizing).
         """
         limit = max_length or self.max_input_length
-        texts = self._cap_characters(texts, limit * MAX_CHARS_PER_TOKEN, truncate, truncate_left)
         strings = [text for text in texts if isinstance(text, str)]
         prompt = self.prompt if prompt is None else prompt
         if prompt:
@@ -219,23 +222,6 @@ class ModelRunner:
             ids, special = encoded["input_ids"][0], encoded["special_tokens_mask"][0]
             self._prompt_lengths[prompt] = len(ids) - (1 if ids and special[-1] else 0)
         return self._prompt_lengths[prompt]
-
-    @staticmethod
-    def _cap_characters(
-        texts: Sequence[str | Sequence[int]], cap: int, truncate: bool, truncate_left: bool
-    ) -> Sequence[str | Sequence[int]]:
-        if all(not isinstance(text, str) or len(text) <= cap for text in texts):
-            return texts
-        capped: list[str | Sequence[int]] = []
-        for index, text in enumerate(texts):
-            if isinstance(text, str) and len(text) > cap:
-                if not truncate:
-                    raise InputTooLong(index, len(text), cap, "characters")
-                # The kept end's tokens are the same, but for the word cut in two, which
-                # the token limit drops anyway.
-                text = text[len(text) - cap :] if truncate_left else text[:cap]
-            capped.append(text)
-        return capped
 
     @property
     def vocab_size(self) -> int:

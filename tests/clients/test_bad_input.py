@@ -115,19 +115,21 @@ def test_a_slow_sender_gets_408_and_holds_nothing(server) -> None:
     assert 2.0 <= waited < 20.0
 
 
-def test_a_huge_text_is_refused_or_cut_before_the_tokenizer(server) -> None:
-    """1.5 MB of text in one input: refused at once without truncation (the characters are
-    counted, not tokenized); with truncation cut first, with the same vector as its start."""
+def test_a_huge_text_is_refused_on_its_tokens_or_cut_to_the_limit(server) -> None:
+    """1.5 MB of text in one input, under --payload-limit: tokenized whole, so refused without
+    truncation with its count of tokens, never of characters; with truncation, the vector of
+    its first (or last) 128 tokens, the same as a 3,000-character start's (or end's)."""
     huge = "warm models answer fast " * 62_500
     status, raw = post(server.url + "/v1/embeddings", json.dumps({"input": huge}).encode())
     error = json.loads(raw)["error"]
     assert status == 400 and error["code"] == "input_too_long", error
-    assert "characters" in error["message"]
+    assert "input 0 has 250002 tokens, above the limit of 128" in error["message"], error
 
-    def embed(text: str) -> np.ndarray:
-        body = {"inputs": text, "truncate": True}
+    def embed(text: str, direction: str) -> np.ndarray:
+        body = {"inputs": text, "truncate": True, "truncation_direction": direction}
         status, raw = post(server.url + "/embed", json.dumps(body).encode())
         assert status == 200, raw[:300]
         return np.array(json.loads(raw)[0])
 
-    np.testing.assert_allclose(embed(huge), embed(huge[:3000]), atol=1e-6)
+    np.testing.assert_allclose(embed(huge, "Right"), embed(huge[:3000], "Right"), atol=1e-6)
+    np.testing.assert_allclose(embed(huge, "Left"), embed(huge[-3000:], "Left"), atol=1e-6)
