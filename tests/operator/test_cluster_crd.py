@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support.cluster import ROOT, example, get_json, install_crd
+from support.cluster import ROOT, UNMAPPED_IMAGE, example, get_json, install_crd
 
 pytestmark = pytest.mark.cluster
 
@@ -205,6 +205,38 @@ CORPUS: list[tuple[str, Callable[[dict], None], list[str]]] = [
         ["spec.resources.requests.cpu", "should match"],
     ),
     (
+        "memory request above its limit",
+        _set("spec.resources", {"requests": {"memory": "2Gi"}, "limits": {"memory": "1024Mi"}}),
+        [
+            "spec.resources.requests[memory]",
+            "resources.requests.memory (2Gi) must be <= resources.limits.memory (1024Mi)",
+        ],
+    ),
+    (
+        "memory request above its limit by half a GiB",
+        _set("spec.resources", {"requests": {"memory": "1.5Gi"}, "limits": {"memory": "1Gi"}}),
+        ["resources.requests.memory (1.5Gi) must be <= resources.limits.memory (1Gi)"],
+    ),
+    (
+        "cpu request above its limit",
+        _set("spec.resources", {"requests": {"cpu": "2"}, "limits": {"cpu": "1500m"}}),
+        [
+            "spec.resources.requests[cpu]",
+            "resources.requests.cpu (2) must be <= resources.limits.cpu (1500m)",
+        ],
+    ),
+    (
+        "gpu request other than its limit",
+        _set(
+            "spec.resources", {"requests": {"nvidia.com/gpu": 2}, "limits": {"nvidia.com/gpu": 1}}
+        ),
+        [
+            "spec.resources.requests[nvidia.com/gpu]",
+            "resources.requests[nvidia.com/gpu] (2) must equal"
+            " resources.limits[nvidia.com/gpu] (1)",
+        ],
+    ),
+    (
         "volume without a claim",
         _set("spec.model.volume", {"path": "minilm"}),
         ["spec.model.volume.claimName", "Required value"],
@@ -246,6 +278,74 @@ def test_invalid_manifest_is_rejected_naming_the_field(
     assert result.returncode != 0, f"{mistake}: accepted"
     for word in words:
         assert word in result.stderr, f"{mistake}: {word!r} not in {result.stderr!r}"
+
+
+# (case, resource, request, limit, whether Kubernetes refuses the pods): quantities in different
+# units, integers as well as strings, each judged by the CRD and by Kubernetes' own validation of
+# the Deployment the operator builds from the spec, which must agree.
+RESOURCES: list[tuple[str, str, str | int | None, str | int | None, bool]] = [
+    ("memory request above its limit", "memory", "2Gi", "1024Mi", True),
+    ("memory request above its limit by half", "memory", "1.5Gi", "1Gi", True),
+    ("memory request in G above a limit in Gi", "memory", "1.1G", "1Gi", True),
+    ("memory request as an exponent above its limit", "memory", "2e9", "1Gi", True),
+    ("memory request equal to its limit in other units", "memory", "1Gi", "1024Mi", False),
+    ("memory request below its limit", "memory", "1e9", "1Gi", False),
+    ("memory request in bytes just below its limit", "memory", 1073741823, "1Gi", False),
+    ("memory request only", "memory", "4Gi", None, False),
+    ("memory limit only", "memory", None, "512Mi", False),
+    ("cpu request above its limit", "cpu", "2", "1500m", True),
+    ("cpu request as an integer above its limit", "cpu", 2, "1500m", True),
+    ("cpu request equal to its limit", "cpu", "1.5", "1500m", False),
+    ("cpu request below its limit", "cpu", 1, "1500m", False),
+    ("cpu request only", "cpu", "8", None, False),
+    ("cpu limit only", "cpu", None, "250m", False),
+    ("ephemeral storage request above its limit", "ephemeral-storage", "2Gi", "1Gi", True),
+    ("gpu request above its limit", "nvidia.com/gpu", 2, 1, True),
+    ("gpu request below its limit", "nvidia.com/gpu", "1", "2", True),
+    ("gpu request equal to its limit", "nvidia.com/gpu", "1", 1, False),
+    ("gpu limit only", "nvidia.com/gpu", None, 1, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "resource", "requested", "limit", "refused"), RESOURCES, ids=[r[0] for r in RESOURCES]
+)
+def test_resources_are_refused_at_apply_exactly_when_kubernetes_refuses_the_pods(
+    devcluster: Any,
+    crd: None,
+    namespace: str,
+    case: str,
+    resource: str,
+    requested: str | int | None,
+    limit: str | int | None,
+    refused: bool,
+) -> None:
+    """The CRD admits a spec only if the apiserver admits the Deployment the operator builds
+    from it: otherwise the service waits on ApplyFailed instead of `kubectl apply` saying what
+    to change."""
+    from warmgate_operator.builders import Owner, build_deployment
+    from warmgate_operator.spec import parse_spec
+
+    body = example()
+    given = {"requests": {resource: requested}, "limits": {resource: limit}}
+    body["spec"]["resources"] = {
+        kind: values for kind, values in given.items() if values[resource] is not None
+    }
+    service = devcluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-",
+        input=json.dumps(body), check=False,
+    )  # fmt: skip
+    owner = Owner(name="minilm", namespace=namespace, uid="00000000-0000-4000-8000-000000000041")
+    deployment = build_deployment(parse_spec(body["spec"]), owner, UNMAPPED_IMAGE)
+    pods = devcluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-",
+        input=json.dumps(deployment), check=False,
+    )  # fmt: skip
+    assert (pods.returncode != 0) == refused, f"{case}: the Deployment: {pods.stderr}"
+    assert (service.returncode != 0) == refused, f"{case}: the EmbeddingService: {service.stderr}"
+    if refused:
+        for field in ("resources.requests", "resources.limits", str(requested), str(limit)):
+            assert field in service.stderr, f"{case}: {field!r} not in {service.stderr!r}"
 
 
 def test_examples_are_accepted_and_defaulted(devcluster: Any, crd: None, namespace: str) -> None:
