@@ -134,6 +134,10 @@ bench-server: install ## Cold vs warm first requests; throughput vs sentence-tra
 bench-models: install ## XLM-R of multilingual-e5-base's shape: warmgate vs Infinity; bge-m3's shape: ready time, memory
 	$(PY) bench/server/bench_models.py $(BENCH_ARGS)
 
+.PHONY: bench-warm
+bench-warm: install ## Time to /ready and first-request ratios (P1): this warmup, the earlier one, none; MiniLM, e5-base and bge-m3 shapes
+	$(PY) bench/server/bench_warm.py $(BENCH_ARGS)
+
 .PHONY: bench-families
 bench-families: install ## The packed pass against transformers' per family (BERT, DistilBERT, MPNet, Qwen3, EmbeddingGemma) at real sizes, one thread
 	$(PY) bench/server/bench_families.py $(BENCH_ARGS)

@@ -66,9 +66,10 @@ class MemoryReport:
     limit_source: str
     policy: str
     loaded_bytes: int
-    """After the model loaded, before the first shape warmed."""
+    """After the model loaded, before the first shape warmed (on a CPU, with the file pages
+    the passes work on, once a shape has measured them)."""
     peak_bytes: int
-    """The highest the warmup reached."""
+    """The highest need the warmup reached."""
     shapes: tuple[ShapeMemory, ...] = ()
     cut: PlanCut | None = None
     container_usage_bytes: int | None = None
@@ -77,6 +78,9 @@ class MemoryReport:
     device_details: Mapping[str, int] | None = None
     """On a GPU: the allocator's allocated peak, the device's free and total memory, at the
     end of warmup."""
+    working_file_bytes: int | None = None
+    """On a CPU: the file pages (libraries' code, mapped weights) the passes touched, counted
+    in every need; the other file pages the process maps are reclaimable and not counted."""
 
     @property
     def budget_bytes(self) -> int | None:
@@ -101,6 +105,7 @@ class MemoryReport:
             "container_usage_bytes": self.container_usage_bytes,
             "container_peak_bytes": self.container_peak_bytes,
             "device_details": None if self.device_details is None else dict(self.device_details),
+            "working_file_bytes": self.working_file_bytes,
             "shapes": [
                 {
                     **item.shape.as_json(),
@@ -147,6 +152,7 @@ class MemoryReport:
             container_usage_bytes=_optional_int(document.get("container_usage_bytes")),
             container_peak_bytes=_optional_int(document.get("container_peak_bytes")),
             device_details=document.get("device_details"),
+            working_file_bytes=_optional_int(document.get("working_file_bytes")),
         )
 
 

@@ -91,7 +91,7 @@ def create_app(
     )
     app[RUNTIME] = runtime
     app.cleanup_ctx.append(_threads)
-    app.cleanup_ctx.append(_bring_up(preloaded, settle_rule or SettleRule()))
+    app.cleanup_ctx.append(_bring_up(preloaded, settle_rule))
     add_routes(app)
     return app
 
@@ -109,7 +109,7 @@ async def _threads(app: web.Application) -> AsyncIterator[None]:
     runtime.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _bring_up(preloaded: LoadedModel | None, settle_rule: SettleRule):
+def _bring_up(preloaded: LoadedModel | None, settle_rule: SettleRule | None):
     async def context(app: web.Application) -> AsyncIterator[None]:
         runtime = app[RUNTIME]
         runtime.tasks.append(asyncio.create_task(_start(runtime, preloaded, settle_rule)))
@@ -121,7 +121,7 @@ def _bring_up(preloaded: LoadedModel | None, settle_rule: SettleRule):
     return context
 
 
-async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRule) -> None:
+async def _start(runtime: Runtime, preloaded: LoadedModel | None, rule: SettleRule | None) -> None:
     config, lifecycle = runtime.config, runtime.lifecycle
     assert runtime.model_threads and runtime.tokenizer_pool is not None
     try:

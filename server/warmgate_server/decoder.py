@@ -297,12 +297,12 @@ class PackedDecoder:
         return cls(*read_folder(folder, supports_config, dtype, device))
 
     def encode(
-        self, batch: Sequence[Sequence[int]], seq_len: int, rows: int
+        self, batch: Sequence[Sequence[int]], seq_len: int, rows: int, layers: int | None = None
     ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """The last hidden states of `batch`, packed: (real tokens, hidden), with each input's
-        start and length (as PackedBert.encode). On a CPU attention runs over the batch's own
-        rows padded to its longest input (rounded up to ATTENTION_ALIGN; inputs of one length
-        not padded at all); on a GPU over the planned (rows, seq_len), the rows past the
+        start and length (as PackedBert.encode, `layers` too). On a CPU attention runs over the
+        batch's own rows padded to its longest input (rounded up to ATTENTION_ALIGN; inputs of
+        one length not padded at all); on a GPU over the planned (rows, seq_len), the rows past the
         batch one token each (variable-length attention: the packed tokens themselves)."""
         device = self.device
         p = Packing.of(batch, seq_len, rows, device.type == "cpu" and self.varlen is None)
@@ -320,7 +320,8 @@ class PackedDecoder:
         rope = {kind: (cos[where], sin[where]) for kind, (cos, sin) in self.rope.items()}
         x = self._embed(on_device(p.token_ids, device))
         kernel = self.kernels.for_rows(p.total)
-        for layer, norms, kind in zip(kernel.layers, self.norms, self.kinds, strict=True):
+        stack = list(zip(kernel.layers, self.norms, self.kinds, strict=True))
+        for layer, norms, kind in stack[:layers]:
             x = self._layer(kernel, layer, norms, x, *rope[kind], attend[kind])
         return p.packed_states(self.norm(x, self.final_norm, self.eps))
 

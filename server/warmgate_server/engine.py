@@ -33,7 +33,7 @@ from .schemas import EmbedRequest, Output
 from .settings import module_chain, request_limits, resolve_settings
 from .shapes import ShapePolicy
 from .warming import Warmup
-from .warmup import SettleRule
+from .warmup import SettleRule, default_rule
 from .workers import Workers
 
 
@@ -80,7 +80,7 @@ class Engine:
         )
         runner.faults = faults
         self.workers = Workers(config, loaded, runner, model_threads, solo_threads)
-        self.memory = probe_for(loaded.device)
+        self.memory = probe_for(loaded.device, loaded.path)
         openai_ids = OpenAITokenIds.load(config.openai_token_ids)
         self.pre = Preprocessor(runner, openai_ids, tokenizer_pool, metrics)
         self.limits = request_limits(
@@ -151,9 +151,10 @@ class Engine:
         return Result(output, sum(map(len, token_ids)), embedded.cold, embedded.timing)
 
     async def warm(self, lifecycle: Lifecycle, rule: SettleRule | None = None) -> None:
-        """Run every planned shape through the serving path until its latency settles, on
-        every model worker, smallest first, within the memory budget (warming.py). When the
-        fit policy cut the plan, the batcher forms only the shapes that were warmed."""
+        """Run every planned shape through the serving path on every model worker, smallest
+        first, within the memory budget (warming.py), as the device's rule says (warmup.py:
+        on a CPU once cold and once timed, on a GPU until its latency settles). When the fit
+        policy cut the plan, the batcher forms only the shapes that were warmed."""
         config = self.config
         warmup = Warmup(
             self.workers,
@@ -163,7 +164,7 @@ class Engine:
             memory_policy=config.memory_policy,
             graphs_required=config.cuda_graphs == "on",
         )
-        await warmup.run(lifecycle, rule or SettleRule())
+        await warmup.run(lifecycle, rule or default_rule(self.runner.loaded.device.type))
         cut = lifecycle.memory.cut if lifecycle.memory is not None else None
         if cut is not None:
             self.plan = tuple(shape for shape in self.plan if shape not in cut.shapes)

@@ -6,8 +6,9 @@ A fault is a forward pass that raised (a CUDA error, an out-of-memory) or ran pa
 
 `FaultInjector` wraps the model's forward pass: with `WARMGATE_FAULT_INJECTION=1` in the
 environment the server serves `POST /debug/faults`, which makes every following forward pass
-raise, or sleep, until it is switched off. Without that variable there is no such route and the
-injector does nothing. Tests and chaos drills use it; nothing else should.
+raise, run out of GPU memory (`torch.cuda.OutOfMemoryError`, which a CPU never raises), or
+sleep, until it is switched off. Without that variable there is no such route and the injector
+does nothing. Tests and chaos drills use it; nothing else should.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from warmgate_contract.shapes import Shape
+
 ENV = "WARMGATE_FAULT_INJECTION"
-MODES = ("off", "raise", "hang")
+MODES = ("off", "raise", "oom", "hang")
 
 
 class InjectedFault(RuntimeError):
@@ -35,16 +38,25 @@ class FaultInjector:
     hang_seconds: float = 3600.0
     remaining: int | None = None
     """Faults left before the injector switches itself off (None: until switched off)."""
+    shape: Shape | None = None
+    """Only forward passes of this shape fault (None: every one)."""
     injected: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _released: threading.Event = field(default_factory=threading.Event)
 
-    def set(self, mode: str, count: int | None = None, hang_seconds: float | None = None) -> None:
+    def set(
+        self,
+        mode: str,
+        count: int | None = None,
+        hang_seconds: float | None = None,
+        shape: Shape | None = None,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
         with self._lock:
             self.mode = mode
             self.remaining = count
+            self.shape = shape
             if hang_seconds is not None:
                 self.hang_seconds = hang_seconds
             # Switching off (or to another mode) lets passes hanging now return.
@@ -56,14 +68,15 @@ class FaultInjector:
             "mode": self.mode,
             "remaining": self.remaining,
             "hang_seconds": self.hang_seconds,
+            "shape": None if self.shape is None else self.shape.key,
             "injected": self.injected,
         }
 
-    def before_forward(self) -> None:
-        """Called in the model thread before each forward pass."""
+    def before_forward(self, shape: Shape) -> None:
+        """Called in the model thread before each forward pass, of `shape`."""
         with self._lock:
             mode = self.mode
-            if mode == "off":
+            if mode == "off" or self.shape not in (None, shape):
                 return
             self.injected += 1
             if self.remaining is not None:
@@ -74,5 +87,12 @@ class FaultInjector:
         if mode == "raise":
             raise InjectedFault(
                 "injected fault: CUDA error: an illegal memory access was encountered"
+            )
+        if mode == "oom":  # the class a CUDA allocation raises, which warmup tells apart
+            import torch
+
+            raise torch.cuda.OutOfMemoryError(
+                f"injected fault: CUDA out of memory running shape {shape.key}. "
+                "Tried to allocate 2.00 GiB"
             )
         released.wait(seconds)

@@ -47,6 +47,29 @@ XLM-R of multilingual-e5-base's shape 340 MB, bge-m3's 1.2 GB)."""
 TIE = 0.05
 """MKL must be this much faster to take a row count from oneDNN."""
 RUNS = 7
+ONEDNN_WARM_ROWS = 128
+"""oneDNN makes a primitive (a JIT kernel) the first time it meets a matrix shape, and keeps it:
+on a 2-core EPYC (AVX2) the first call of one layer's four matrices at one row took 6.4 ms
+against 0.6 ms after, and every new row count kept 2.7 MiB more for good (MiniLM's matrices;
+MKL's first call costs neither). The packed pass's row count is the batch's real tokens, not
+the planned shape's, so a first request at a row count no planned shape ran paid it, and a
+server under varied traffic grew by 344 MiB over the row counts 3 to 128 alone. So oneDNN
+runs at a bounded set of row counts (`onednn_rows`: the rows padded up, at most 12.5% more),
+and warmup makes every one of them up to this count (`warm`): above it a pass is long enough
+that the primitive is a few percent of it."""
+
+
+def onednn_rows(rows: int) -> int:
+    """The row count a oneDNN call runs at: `rows` padded up to a multiple of 4 up to 32, of 8
+    up to 128, then of an eighth of its power of two (129 -> 144, 1000 -> 1024): 20 counts up
+    to 128 and 8 more a doubling, where each count is a primitive made and kept."""
+    if rows <= 32:
+        step = 4
+    elif rows <= 128:
+        step = 8
+    else:
+        step = 1 << (rows.bit_length() - 4)
+    return -(-rows // step) * step
 
 
 @dataclass(frozen=True)
@@ -116,6 +139,25 @@ class Kernels:
         return report
 
 
+def warm(kernels: Kernels, rows: int = ONEDNN_WARM_ROWS) -> int:
+    """Run each oneDNN kernel's first layer once at every row count up to `rows` that it runs
+    at (`onednn_rows` of the counts it serves; the layers share their matrices' shapes, so one
+    layer makes every layer's primitives), on the calling thread's torch threads; returns the
+    row counts run."""
+    served: dict[tuple[int, int], Kernel] = {}
+    for count in range(1, rows + 1):
+        kernel = kernels.for_rows(count)
+        if kernel.name == "onednn":
+            served[(onednn_rows(count), id(kernel))] = kernel
+    with torch.inference_mode():
+        for (count, _), kernel in sorted(served.items(), key=lambda item: item[0][0]):
+            for index, (weight, bias) in enumerate(kernel.layers[0].matrices()):
+                x = torch.zeros(count, weight.shape[1], dtype=weight.dtype)
+                call = kernel.activated if index == 2 else kernel.linear  # the inner layer's
+                call(x, weight, bias)
+    return len(served)
+
+
 def _onednn_available(dtype: torch.dtype) -> bool:
     ops = torch.ops.mkldnn
     if not (
@@ -162,11 +204,20 @@ def onednn_kernel(layers: list[Layer], post_op: tuple[str, str]) -> Kernel:
     ]
     call = torch.ops.mkldnn._linear_pointwise
     attr, algorithm = post_op
+
+    def padded(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *post: Any):
+        rows = x.shape[0]
+        wanted = onednn_rows(rows) if x.dim() == 2 else rows
+        if wanted == rows:
+            return call(x, weight, bias, *post)
+        x = torch.cat((x, x.new_zeros(wanted - rows, x.shape[1])))
+        return call(x, weight, bias, *post)[:rows]  # the leading rows: contiguous
+
     return Kernel(
         "onednn",
         reordered,
-        lambda x, weight, bias: call(x, weight, bias, "none", [], ""),
-        lambda x, weight, bias: call(x, weight, bias, attr, [], algorithm),
+        lambda x, weight, bias: padded(x, weight, bias, "none", [], ""),
+        lambda x, weight, bias: padded(x, weight, bias, attr, [], algorithm),
     )
 
 

@@ -1,15 +1,26 @@
-"""Memory: what the process may use, what it uses, its peak while a shape warms, and the peak a
-shape will reach, predicted from the shapes warmed before it.
+"""Memory: what the process may use, what it uses, its need while a shape warms, and the need a
+shape will have, predicted from a model of the pass calibrated on the shapes warmed before it.
 
-On a CPU the limit is the container's cgroup limit (v1 or v2) and the measure the process's
-resident memory (VmRSS; its peak VmHWM, set back to the current size before each shape through
-/proc/self/clear_refs): going past the limit is a kill by the kernel, which nothing can catch.
+On a CPU the limit is the container's cgroup limit (v1 or v2). Going past it is a kill by the
+kernel, which nothing can catch, but only for memory the kernel cannot reclaim: the process's
+anonymous memory (RssAnon and RssShmem; there is no swap in a pod) and the file pages it keeps
+touching. The other file-backed pages it maps (the CUDA libraries a CUDA build of torch maps at
+import and a CPU never runs: about 350 of the 500 MiB of file pages a MiniLM server maps here)
+are dropped by the kernel as the container nears its limit. So the need measured is the
+anonymous memory at its peak (VmHWM less RssFile, the peak reset before each shape through
+/proc/self/clear_refs) plus the file pages the shape's passes touched (smaps' Referenced, its
+bits cleared before each shape). Counting resident memory instead (VmRSS) refused plans that
+fit: examples/minilm.yaml's own, at 0.90 GiB "needed" of a 1 GiB limit, where 0.5 GiB was
+cold file pages.
 On a GPU the limit is the device's memory and the measure the CUDA caching allocator's reserved
 memory; an allocation past it raises, and warming.py turns that into a refusal or a cut too.
 
 Warmup (warming.py) warms the plan from the smallest shape up and starts no shape predicted to go
 past the budget (the limit less contract.report.MEMORY_MARGIN): so a plan too big for its pod
-stops, with numbers, before the shape that would have killed it.
+stops, with numbers, before the shape that would have killed it. The prediction is the need of
+what the pass does not explain (measured: weights, runtime, allocator and threads) plus the
+pass's activations for the shape (PassModel, from config.json) times ACTIVATION_FACTOR; it never
+extrapolates the measured peaks, whose differences are the allocator's noise at small shapes.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +39,14 @@ from warmgate_contract.shapes import Shape
 
 log = logging.getLogger(__name__)
 
-GROWTH_SAFETY = 1.25
-"""How much more than the straight-line extrapolation a shape's growth is predicted at: peaks
-grow less than linearly with the tokens of a batch on a CPU (measured for MiniLM: docs/server.md),
-so the prediction errs high; this covers shapes of equal tokens whose batch makes them larger."""
+ACTIVATION_FACTOR = 3.0
+"""How much a shape's peak grows per byte of the activations the pass model counts: freed
+activations stay in the allocator (glibc's per-thread arenas, the CUDA caching allocator's
+blocks), kernels take scratch space, and the workers' peaks need not coincide. Measured on a
+2-core EPYC here: MiniLM's peak grew 2.8x the modelled activations from 8x64 to 8x128 (the
+largest ratio of the zoo's families, docs/server.md); the rest is margin. The activations of
+an embedding model's shapes are small beside its weights and runtime (MiniLM at 8x128: 41 MB
+on two workers), so a generous factor costs little room."""
 
 _UNLIMITED = 1 << 60
 """cgroup v1 writes a huge number (about 2^63) for no limit."""
@@ -45,6 +61,8 @@ class Limit:
 class Probe(Protocol):
     device: str
     measure: str
+    working_file: int
+    """On a CPU, the file pages the passes touch (counted in current() and peak()); else 0."""
 
     def limit(self) -> Limit: ...
     def current(self) -> int: ...
@@ -136,21 +154,104 @@ class Cgroup:
 
 
 def _status(key: str, path: Path = Path("/proc/self/status")) -> int:
+    return _status_fields(path)[key.rstrip(":")]
+
+
+def _status_fields(path: Path = Path("/proc/self/status")) -> dict[str, int]:
+    """/proc/self/status's memory lines (VmRSS, VmHWM, RssAnon, RssFile, RssShmem...) in
+    bytes."""
+    fields: dict[str, int] = {}
     for line in path.read_text().splitlines():
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-    raise LookupError(f"{key} not in {path}")
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if len(parts) == 2 and parts[1] == "kB":
+            fields[key] = int(parts[0]) * 1024
+    return fields
+
+
+CODE_PAGES = 128 * 2**20
+"""File pages of the libraries' code a CPU pass keeps touching, counted in every need: measured
+while a warm MiniLM server answered requests here (smaps' Referenced after clear_refs), 110 MiB:
+libtorch_cpu 87, libtorch_python 11, tokenizers 6, numpy 5, libpython 1."""
+
+SAMPLE_SECONDS = 0.001
+"""How often the anonymous memory is read while a shape warms (/proc/self/statm, a few
+microseconds a read)."""
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def anonymous_bytes(statm: Path = Path("/proc/self/statm")) -> int:
+    """Resident memory that no file backs (resident less shared, /proc/self/statm)."""
+    fields = statm.read_text().split()
+    return (int(fields[1]) - int(fields[2])) * _PAGE
+
+
+def mapped_bytes(folder: Path, smaps: Path = Path("/proc/self/smaps")) -> int:
+    """Resident bytes of the files under `folder` this process maps (a checkpoint read through
+    mmap: its pages are the model's, not reclaimable slack)."""
+    prefix = str(folder.resolve()) + "/"
+    total = 0
+    inside = False
+    with open(smaps) as lines:
+        for line in lines:
+            first, _, rest = line.partition(" ")
+            if not first.endswith(":"):  # a mapping's header: range perms offset dev inode path
+                fields = rest.split(maxsplit=4)
+                inside = len(fields) == 5 and fields[4].startswith(prefix)
+            elif inside and first == "Rss:":
+                total += int(rest.split()[0]) * 1024
+    return total
+
+
+class _Sampler:
+    """The highest anonymous memory seen from start() to stop(), read every SAMPLE_SECONDS on
+    a thread of its own (the passes release the GIL)."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.highest = 0
+
+    def start(self) -> None:
+        self.stop()
+        self._stop = threading.Event()
+        self.highest = anonymous_bytes()
+        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        stop = self._stop
+        while not stop.wait(SAMPLE_SECONDS):
+            self.highest = max(self.highest, anonymous_bytes())
+
+    def stop(self) -> int:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        self.highest = max(self.highest, anonymous_bytes())
+        return self.highest
 
 
 class ProcessProbe:
-    """This process's resident memory against its container's limit."""
+    """This process's unreclaimable memory (anonymous, and the file pages it works on)
+    against its container's limit."""
 
     device = "cpu"
-    measure = "process resident memory (VmRSS; peaks from VmHWM)"
+    measure = (
+        "anonymous resident memory (resident less shared, /proc/self/statm; peaks sampled "
+        "every millisecond) plus the file pages the passes work on (the model's mapped files, "
+        "and 128 MiB of the libraries' code); other mapped file pages are reclaimable"
+    )
 
-    def __init__(self, cgroup: Cgroup | None = None) -> None:
+    def __init__(self, cgroup: Cgroup | None = None, model_folder: Path | None = None) -> None:
         self.cgroup = cgroup if cgroup is not None else Cgroup.find()
-        self._resettable = True
+        self.model_folder = model_folder
+        self.working_file = CODE_PAGES
+        """File pages counted in every need: the libraries' code and the model's mapped
+        files (measured after each shape)."""
+        self._sampler = _Sampler()
 
     def limit(self) -> Limit:
         if self.cgroup is None:
@@ -158,22 +259,17 @@ class ProcessProbe:
         return self.cgroup.limit()
 
     def current(self) -> int:
-        return _status("VmRSS:")
+        return anonymous_bytes() + self.working_file
 
     def reset_peak(self) -> None:
-        """Set VmHWM back to the current size (Linux's clear_refs 5), so the next peak read is
-        the next shape's; where that is refused, peaks are the process's so far."""
-        if not self._resettable:
-            return
-        try:
-            with open(f"/proc/{os.getpid()}/clear_refs", "w") as handle:
-                handle.write("5")
-        except OSError as error:
-            self._resettable = False
-            log.info("peaks are the process's so far: clear_refs refused (%s)", error)
+        """Start sampling the next shape's peak."""
+        self._sampler.start()
 
     def peak(self) -> int:
-        return _status("VmHWM:")
+        anonymous = self._sampler.stop()
+        if self.model_folder is not None:
+            self.working_file = CODE_PAGES + mapped_bytes(self.model_folder)
+        return anonymous + self.working_file
 
     def container(self) -> tuple[int | None, int | None]:
         if self.cgroup is None:
@@ -189,6 +285,7 @@ class CudaProbe:
     """The CUDA caching allocator's reserved memory against the device's memory."""
 
     measure = "CUDA caching allocator reserved memory"
+    working_file = 0
 
     def __init__(self, device: object) -> None:
         import torch
@@ -222,9 +319,9 @@ class CudaProbe:
         }
 
 
-def probe_for(device: object) -> Probe:
+def probe_for(device: object, model_folder: Path | None = None) -> Probe:
     kind = getattr(device, "type", str(device))
-    return CudaProbe(device) if kind == "cuda" else ProcessProbe()
+    return CudaProbe(device) if kind == "cuda" else ProcessProbe(model_folder=model_folder)
 
 
 # ------------------------------------------------------------------------------ prediction
@@ -235,20 +332,72 @@ def warm_order(plan: Sequence[Shape]) -> list[Shape]:
     return sorted(plan, key=lambda shape: (shape.tokens, -shape.batch_size))
 
 
-def predict(measured: Sequence[tuple[Shape, int]], shape: Shape) -> int | None:
-    """The peak `shape` will reach, from the (shape, peak) pairs measured so far: the straight
-    line through the largest peaks of the two largest token counts, its growth times
-    GROWTH_SAFETY, never below the largest peak seen. None before two token counts are known
-    (the first shapes are the plan's smallest)."""
-    by_tokens: dict[int, int] = {}
-    for done, peak in measured:
-        by_tokens[done.tokens] = max(peak, by_tokens.get(done.tokens, 0))
-    if len(by_tokens) < 2:
+@dataclass(frozen=True)
+class PassModel:
+    """The activations a forward pass holds at once, from the model's dimensions: a layer's
+    attention (its input, the fused query-key-value states, their padded layout, the context
+    and its copies: ten hidden states a token) or its MLP (input, output and two intermediate
+    states), whichever is larger, on every worker at once. Attention scores are not counted:
+    scaled_dot_product_attention computes them in blocks (on a CPU as on a GPU), and a model
+    that materialises them (transformers' eager attention) is what the measured part of the
+    prediction covers. Weights and the runtime are measured, not modelled."""
+
+    hidden: int
+    intermediate: int
+    dtype_bytes: int
+    workers: int = 1
+
+    def activation_bytes(self, shape: Shape) -> int:
+        per_token = max(10 * self.hidden, 2 * (self.hidden + self.intermediate))
+        return self.workers * self.dtype_bytes * shape.tokens * per_token
+
+    @classmethod
+    def from_config(
+        cls, config: dict, dtype_bytes: int, workers: int = 1, hidden: int | None = None
+    ) -> PassModel:
+        """From config.json's dimensions, under any family's names (BERT's, DistilBERT's,
+        GPT's); what it lacks is taken as a transformer's usual ratios."""
+
+        def first(*names: str) -> int | None:
+            for name in names:
+                value = config.get(name)
+                if isinstance(value, int) and value > 0:
+                    return value
+            return None
+
+        width = first("hidden_size", "dim", "d_model", "n_embd") or hidden or 768
+        return cls(
+            hidden=width,
+            intermediate=first("intermediate_size", "hidden_dim", "ffn_dim", "n_inner")
+            or 4 * width,
+            dtype_bytes=dtype_bytes,
+            workers=workers,
+        )
+
+    @classmethod
+    def of_folder(
+        cls, folder: Path, dtype_bytes: int, workers: int, hidden: int | None = None
+    ) -> PassModel:
+        try:
+            config = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError):
+            config = {}
+        config = config.get("text_config", config) if isinstance(config, dict) else {}
+        return cls.from_config(config, dtype_bytes, workers, hidden)
+
+
+def predict(measured: Sequence[tuple[Shape, int]], shape: Shape, model: PassModel) -> int | None:
+    """The need `shape` will have: the largest need the pass model does not explain among the
+    shapes measured so far (weights, runtime, the allocator's and threads' overhead), plus
+    the model's activations for `shape` times ACTIVATION_FACTOR. None before any shape was
+    measured (the first is the plan's smallest; the loaded model's own need is checked
+    before it)."""
+    if not measured:
         return None
-    (low, low_peak), (high, high_peak) = sorted(by_tokens.items())[-2:]
-    slope = max(0.0, (high_peak - low_peak) / (high - low))
-    grown = slope * max(0, shape.tokens - high) * GROWTH_SAFETY
-    return int(max(max(by_tokens.values()), high_peak + grown))
+    unexplained = max(
+        need - ACTIVATION_FACTOR * model.activation_bytes(done) for done, need in measured
+    )
+    return int(unexplained + ACTIVATION_FACTOR * model.activation_bytes(shape))
 
 
 # ------------------------------------------------------------------------------ before loading

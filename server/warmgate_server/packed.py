@@ -383,13 +383,14 @@ class PackedBert:
         return cls(*read_folder(folder, supports_config, dtype, device))
 
     def encode(
-        self, batch: Sequence[Sequence[int]], seq_len: int, rows: int
+        self, batch: Sequence[Sequence[int]], seq_len: int, rows: int, layers: int | None = None
     ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """The last hidden states of `batch` laid out as `rows` x `seq_len`, packed: (real
         tokens, hidden) in the weights' dtype, the inputs' tokens one after another, with each
         input's start and length (head.py pools them). Attention's layout is Packing.of's: on
         a GPU the planned shape (its kernels the warmup chose), on a CPU the batch's own rows
-        (the linear layers run at the batch's token count either way)."""
+        (the linear layers run at the batch's token count either way). `layers`: run only the
+        first ones (warmup: every layer runs the same kernels on the same shapes)."""
         device = self.device
         p = Packing.of(batch, seq_len, rows, device.type == "cpu" and self.varlen is None)
         if self.varlen is not None:
@@ -406,7 +407,7 @@ class PackedBert:
             x = x + self.token_type
         x = self._norm(x, self.embedding_norm)
         kernel = self.kernels.for_rows(p.total)
-        for layer in kernel.layers:
+        for layer in kernel.layers[:layers]:
             x = self._layer(kernel, layer, x, attend)
         return p.packed_states(x)
 

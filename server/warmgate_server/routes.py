@@ -441,8 +441,8 @@ def _not_this_kind(kind: str) -> Handler:
 
 async def debug_faults(request: web.Request) -> web.Response:
     """Test-only (WARMGATE_FAULT_INJECTION=1): GET the injector's state, or POST
-    {"mode": "raise"|"hang"|"off", "count": n, "hang_seconds": s} to make the next forward
-    passes (all of them, or n) raise or hang."""
+    {"mode": "raise"|"oom"|"hang"|"off", "count": n, "hang_seconds": s} to make the next
+    forward passes (all of them, or n) raise, run out of GPU memory or hang."""
     injector = request.app[RUNTIME].faults
     assert injector is not None
     if request.method == "POST":

@@ -283,8 +283,9 @@ class ModelRunner:
             return tokenizer.batch_decode(lists, skip_special_tokens=skip_special_tokens)
 
     def release_memory(self) -> None:
-        """After a failed allocation on a GPU, give the allocator's cached blocks back."""
-        if self.device.type == "cuda":
+        """After a failed allocation on a GPU, give the allocator's cached blocks back (a CPU
+        has no such cache: nothing to do)."""
+        if self.loaded.device.type == "cuda":
             import torch
 
             torch.cuda.empty_cache()
@@ -311,32 +312,34 @@ class ModelRunner:
         worker: int = 0,
         pool: bool = True,
         threads: int | None = None,
+        layers: int | None = None,
     ) -> BatchResult:
         """Run one padded batch of `shape` in model worker `worker`'s thread; the first
         `len(batch)` rows are real inputs. A shape is warm per worker and thread count: each
         thread has its own allocator arena, BLAS buffers and thread team, and oneDNN's kernels
         are chosen per thread count. `pool=False`: each input's output is its tokens' last
         hidden states (/embed_all). `threads`: torch threads for this pass only (a solo
-        batch), else the worker's own."""
+        batch), else the worker's own. `layers`: the packed pass's first layers only (warmup
+        of a long pass: the layers share their kernels and shapes); other passes run whole."""
         started, cpu_started = time.perf_counter(), time.thread_time()
         graphs = self.graphs
         by_graph = pool and graphs is not None and graphs.has(shape, worker)
         key = (worker, shape, by_graph, threads)
         first_time = key not in self._executed
         if self.faults is not None:
-            self.faults.before_forward()
+            self.faults.before_forward(shape)
         if by_graph:
             assert graphs is not None
             vectors = graphs.run(batch, shape, worker)
         elif threads is None or self.loaded.ort is not None:
-            vectors = self._forward(batch, shape, pool, threads)
+            vectors = self._forward(batch, shape, pool, threads, layers)
         else:
             import torch
 
             own = torch.get_num_threads()
             torch.set_num_threads(threads)  # this thread's team only (OpenMP's, MKL's local)
             try:
-                vectors = self._forward(batch, shape, pool)
+                vectors = self._forward(batch, shape, pool, layers=layers)
             finally:
                 torch.set_num_threads(own)
         self._executed.add(key)
@@ -346,6 +349,33 @@ class ModelRunner:
             first_time,
             cpu_seconds=time.thread_time() - cpu_started,
         )
+
+    @property
+    def layer_count(self) -> int | None:
+        """The packed pass's layers (what `execute(layers=...)` can shorten), or None: the
+        pass runs whole."""
+        kernels = getattr(self.packed, "kernels", None)
+        return None if kernels is None else len(kernels.small.layers)
+
+    def warm_kernels(self, threads: int | None = None) -> int:
+        """Make the packed pass's oneDNN primitives for every row count a batch can bring
+        (linear.warm: a batch's rows are its real tokens, which the planned shapes do not
+        cover), on this model thread's torch threads or `threads` (a solo batch's). Returns
+        the row counts run (0: no oneDNN kernel, nothing to make)."""
+        kernels = getattr(self.packed, "kernels", None)
+        if kernels is None or self.loaded.device.type != "cpu":
+            return 0
+        import torch
+
+        from .linear import warm
+
+        own = torch.get_num_threads()
+        if threads is not None:
+            torch.set_num_threads(threads)
+        try:
+            return warm(kernels)
+        finally:
+            torch.set_num_threads(own)
 
     def export_onnx(
         self,
@@ -376,7 +406,12 @@ class ModelRunner:
         self.graphs.capture(shape, worker)
 
     def _forward(
-        self, batch: Sequence[Sequence[int]], shape: Shape, pool: bool, threads: int | None = None
+        self,
+        batch: Sequence[Sequence[int]],
+        shape: Shape,
+        pool: bool,
+        threads: int | None = None,
+        layers: int | None = None,
     ) -> Sequence[np.ndarray]:
         """`threads`: ONNX Runtime's session for that many threads (None: the worker's); torch
         passes run on the calling thread's torch threads (execute sets them)."""
@@ -385,7 +420,9 @@ class ModelRunner:
         loaded = self.loaded
         if self.packed is not None:
             with torch.inference_mode():
-                states, starts, lengths = self.packed.encode(batch, shape.seq_len, shape.batch_size)
+                states, starts, lengths = self.packed.encode(
+                    batch, shape.seq_len, shape.batch_size, layers
+                )
                 if not pool:  # every real token's state, input after input
                     return _per_input(states.float().cpu().numpy(), batch)
                 pool_from = pool_starts(batch)

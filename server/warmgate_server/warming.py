@@ -1,10 +1,11 @@
 """Warmup: every planned shape through the serving path (Workers.execute) on every model worker,
-side by side as under load, until its latency settles (warmup.py's rule); CUDA graphs are
-captured first. Shapes go from the smallest up, each one's memory peak measured, and none starts
-whose predicted peak is past the budget (memory.py): with --memory-policy refuse the warmup fails
-there, naming the shape, its prediction, the limit and what to change; with fit the plan is cut
-there and the batcher is told. What it measured goes to the lifecycle (/ready) and the
-metrics."""
+side by side as under load, as the device's rule says (warmup.py: on a CPU once cold and once
+timed; on a GPU until its latency settles); CUDA graphs are captured first, and oneDNN's kernels
+for the row counts no planned shape reaches are made (linear.warm). Shapes go from the smallest
+up, each one's memory need measured, and none starts whose predicted need is past the budget
+(memory.py): with --memory-policy refuse the warmup fails there, naming the shape, its
+prediction, the limit and what to change; with fit the plan is cut there and the batcher is
+told. What it measured goes to the lifecycle (/ready) and the metrics."""
 
 from __future__ import annotations
 
@@ -26,10 +27,17 @@ from warmgate_contract.shapes import Shape
 
 from .errors import MemoryExceeded, ModelLoadError
 from .lifecycle import Lifecycle
-from .memory import Probe, predict, warm_order
+from .memory import ACTIVATION_FACTOR, PassModel, Probe, predict, warm_order
 from .metrics import Metrics
 from .warmup import SettleRule, should_stop, steady_seconds
 from .workers import Workers
+
+LONG_PASS_SECONDS = 0.5
+"""On a CPU, a shape whose whole pass is predicted to take longer than this warms with the
+packed pass's first layer only (Warmup._layers_for): on 2 cores an XLM-R of multilingual-e5-
+base's shape takes about 30 s for a pass of 32 x 256, twice per worker, which was most of its
+time to /ready, and its first request cost no more after one layer than after whole passes
+(docs/benchmarks.md, make bench-warm)."""
 
 
 def _gib(size: int | None) -> str:
@@ -60,6 +68,7 @@ class Warmup:
         await self.workers.export_onnx(probe)
         limit = probe.limit()
         loaded = probe.current()
+        counted_file = probe.working_file
         report = MemoryReport(
             probe.device, probe.measure, limit.bytes, limit.source, self.memory_policy,
             loaded, loaded,
@@ -67,31 +76,39 @@ class Warmup:
         budget = report.budget_bytes
         lifecycle.memory = report
         await self._capture_graphs(lifecycle)
+        await self._warm_kernels()
         order = warm_order(self.plan)
+        model = self._pass_model()
         measured: list[tuple[Shape, int]] = []
         for position, shape in enumerate(order):
             if lifecycle.phase != WARMING:
                 return
-            predicted = predict(measured, shape)
+            predicted = predict(measured, shape, model)
             stop = None
             if budget is not None and loaded > budget:
                 stop = f"the loaded model alone took {_gib(loaded)}, above the budget"
             elif budget is not None and predicted is not None and predicted > budget:
                 stop = (
-                    f"shape {shape.key} would need about {_gib(predicted)} (predicted from "
-                    "the shapes warmed before it), above the budget"
+                    f"shape {shape.key} would need about {_gib(predicted)} (the most that its "
+                    f"pass's activations left unexplained in the shapes warmed before it, plus "
+                    f"{ACTIVATION_FACTOR:g}x its own: "
+                    f"{_gib(ACTIVATION_FACTOR * model.activation_bytes(shape))}), above the budget"
                 )
             else:
                 probe.reset_peak()
-                peak = await self._warm_shape(lifecycle, shape, rule)
+                layers = self._layers_for(shape, lifecycle)
+                peak = await self._warm_shape(lifecycle, shape, rule, layers)
                 if peak is None:
                     stop = f"shape {shape.key} ran out of device memory"
                 else:
                     measured.append((shape, peak))
+                    working_file = probe.working_file if probe.device == "cpu" else None
                     report = replace(
                         report,
+                        loaded_bytes=loaded + probe.working_file - counted_file,
                         peak_bytes=max(report.peak_bytes, peak),
                         shapes=(*report.shapes, ShapeMemory(shape, peak, predicted)),
+                        working_file_bytes=working_file,
                     )
                     lifecycle.memory = report
                     self.metrics.warmup_shape_peak.labels(shape=shape.key).set(peak)
@@ -128,20 +145,42 @@ class Warmup:
         self.metrics.warmup_duration.set(lifecycle.warmup_seconds)
         self._export(report)
 
-    async def _warm_shape(self, lifecycle: Lifecycle, shape: Shape, rule: SettleRule) -> int | None:
-        """Settle `shape` on every worker; its memory peak, or None when the device ran out
-        of memory (a GPU: an allocation raises; a CPU past its limit is killed instead)."""
+    def _layers_for(self, shape: Shape, lifecycle: Lifecycle) -> int | None:
+        """How many of the packed pass's layers warm `shape`: on a CPU, one where a whole pass
+        is predicted to take more than LONG_PASS_SECONDS (every layer runs the same kernels on
+        the same shapes, and its activations are every layer's: one layer pays the first-time
+        costs and reaches the memory need of them all), else all (None). The prediction is the
+        largest warmed shape's steady time, scaled by the tokens."""
+        runner = self.workers.runner
+        count = runner.layer_count
+        if count is None or count < 2 or runner.loaded.device.type != "cpu":
+            return None
+        done = max(lifecycle.warmed.values(), key=lambda item: item.shape.tokens, default=None)
+        if done is None:
+            return None
+        predicted = done.steady_ms / 1000.0 * shape.tokens / done.shape.tokens
+        return 1 if predicted > LONG_PASS_SECONDS else None
+
+    async def _warm_shape(
+        self, lifecycle: Lifecycle, shape: Shape, rule: SettleRule, layers: int | None = None
+    ) -> int | None:
+        """Settle `shape` on every worker (`layers`: the first layers of the packed pass only,
+        once: its steady latency is then that run's scaled to every layer, an upper bound);
+        its memory peak, or None when the device ran out of memory (a GPU: an allocation
+        raises; a CPU past its limit is killed instead)."""
         workers = self.workers
         batches = await workers.run(workers.runner.warmup_inputs, shape)
+        if layers is not None:  # the cold run warms; a second one would only time it
+            rule = replace(rule, max_runs=1)
         shape_started = time.perf_counter()
         tasks = [
-            asyncio.create_task(self._settle(shape, batches, worker, rule))
+            asyncio.create_task(self._settle(shape, batches, worker, rule, layers=layers))
             for worker in range(workers.count)
         ]
         try:
             runs = await asyncio.gather(*tasks)
             if workers.runs_solo(shape):  # and alone, on every worker's cores
-                runs.append(await self._settle(shape, batches, 0, rule, solo=True))
+                runs.append(await self._settle(shape, batches, 0, rule, True, layers))
         except BaseException as error:  # one worker failed: stop the others too
             for task in tasks:
                 task.cancel()
@@ -151,20 +190,29 @@ class Warmup:
                 return None
             raise
         steady = max(steady_seconds(seconds, rule) for seconds in runs)
+        if layers is not None:
+            steady *= (workers.runner.layer_count or layers) / layers
         spent = time.perf_counter() - shape_started
         count = sum(map(len, runs))
         lifecycle.warmed[shape] = WarmedShape(shape, steady * 1000.0, count, spent)
         self.metrics.warmup_shape_duration.labels(shape=shape.key).set(spent)
         self.metrics.warmup_shape_steady.labels(shape=shape.key).set(steady)
         log.info(
-            "warmed %s: first %.1f ms, steady %.1f ms after %d runs on %d workers",
+            "warmed %s: first %.1f ms, steady %.1f ms after %d runs on %d workers%s",
             shape.key,
             max(seconds[0] for seconds in runs) * 1000.0,
             steady * 1000.0,
             count,
             workers.count,
+            "" if layers is None else f" ({layers} layer a run; steady scaled to every layer)",
         )
         return self.memory.peak()
+
+    def _pass_model(self) -> PassModel:
+        loaded = self.workers.runner.loaded
+        return PassModel.of_folder(
+            loaded.path, loaded.dtype.itemsize, self.workers.count, loaded.hidden_size
+        )
 
     def _advice(self, stop: str, shape: Shape, need: int, report: MemoryReport) -> str:
         """Why the warmup stopped at `shape`, the numbers, and the fields that change it."""
@@ -175,7 +223,9 @@ class Warmup:
             if fits
             else "lower warmup.sequenceBuckets or model.maxInputLength",
             "raise resources.limits.memory (to at least "
-            f"{_gib(int(need / (1 - MEMORY_MARGIN)) + 1)})",
+            f"{_gib(int(need / (1 - MEMORY_MARGIN)) + 1)})"
+            if report.device == "cpu"
+            else f"use a GPU of more than its {_gib(report.limit_bytes)} (nodeSelector)",
         ]
         if self.memory_policy != "fit":
             advice.append("or set warmup.memoryPolicy: fit to serve the shapes that fit")
@@ -199,6 +249,27 @@ class Warmup:
         if report.limit_bytes is not None:
             self.metrics.memory_limit.set(report.limit_bytes)
             self.metrics.memory_headroom.set(report.limit_bytes - report.peak_bytes)
+
+    async def _warm_kernels(self) -> None:
+        """The kernels a planned shape does not reach: oneDNN's primitives for every row
+        count a batch can bring (ModelRunner.warm_kernels), on every worker and on a solo
+        batch's threads."""
+        workers = self.workers
+        started = time.perf_counter()
+        runs = [
+            workers.run(workers.runner.warm_kernels, None, worker=worker)
+            for worker in range(workers.count)
+        ]
+        counts = await asyncio.gather(*runs)
+        if workers.solo_threads:
+            counts.append(await workers.run(workers.runner.warm_kernels, workers.solo_threads))
+        if any(counts):
+            log.info(
+                "made oneDNN's kernels for %d row counts on %d thread teams in %.2fs",
+                max(counts),
+                len(counts),
+                time.perf_counter() - started,
+            )
 
     async def _capture_graphs(self, lifecycle: Lifecycle) -> None:
         """Capture every planned shape's graph on every worker, before any shape is settled,
@@ -238,16 +309,17 @@ class Warmup:
         worker: int,
         rule: SettleRule,
         solo: bool = False,
+        layers: int | None = None,
     ) -> list[float]:
         """Run `shape`'s first batch (every input full: the shape's memory peak and its
         steady latency) until its latency settles, then each other batch of the warmup's
         once (another route through the same shape, not timed)."""
         seconds: list[float] = []
         while not should_stop(seconds, rule):
-            result = await self.workers.execute(batches[0], shape, worker, solo=solo)
+            result = await self.workers.execute(batches[0], shape, worker, solo=solo, layers=layers)
             seconds.append(result.seconds)
         for inputs in batches[1:]:
-            await self.workers.execute(inputs, shape, worker, solo=solo)
+            await self.workers.execute(inputs, shape, worker, solo=solo, layers=layers)
         return seconds
 
 

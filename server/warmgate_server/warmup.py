@@ -22,6 +22,25 @@ class SettleRule:
     model takes about 30 s on one core)."""
 
 
+CPU_RULE = SettleRule(window=1, max_runs=2)
+"""On a CPU a shape's first pass pays every first-time cost it has (the allocator's growth, the
+thread team's first use, oneDNN's primitive for its row count; the row counts a planned shape
+does not reach are made apart, linear.warm), so a shape runs twice: once cold, once timed, and
+the timed run is the steady latency /ready reports and the warm gate times its verification
+request against (a short sample, not the first real traffic: the gate needs it before any
+traffic comes). Repeating until the latency settled (the GPU's rule) was 109 of 112.5 s to
+/ready for an XLM-R of multilingual-e5-base's shape, and bought 2 s off one shape's first
+request (issue 40)."""
+
+GPU_RULE = SettleRule()
+"""On a GPU each pass is milliseconds, so settling costs little, and cuBLAS's heuristics, the
+caching allocator's pools and CUDA graph replay are not measured here to warm in one run."""
+
+
+def default_rule(device_type: str) -> SettleRule:
+    return GPU_RULE if device_type == "cuda" else CPU_RULE
+
+
 def settled(seconds: Sequence[float], rule: SettleRule) -> bool:
     """True once the last `window` runs after the first agree within `tolerance`."""
     warm_runs = seconds[1:]

@@ -48,6 +48,11 @@ class Workers:
     def count(self) -> int:
         return len(self._threads)
 
+    @property
+    def solo_threads(self) -> int:
+        """The torch threads of a batch that runs solo (0: none does)."""
+        return self._solo_threads
+
     def runs_solo(self, shape: Shape) -> bool:
         """Small shapes run solo when they are all there is to do (the latency of a lone
         request: about half on two cores); the warmup settles them that way too."""
@@ -66,11 +71,15 @@ class Workers:
         *,
         solo: bool = False,
         pooled: bool = True,
+        layers: int | None = None,
     ) -> BatchResult:
-        """One batch's forward pass on `worker` (scheduler.Execute)."""
+        """One batch's forward pass on `worker` (scheduler.Execute); `layers`: warmup's
+        shortened pass (ModelRunner.execute)."""
         threads = self._solo_threads if solo else None
         runner = self.runner
-        return await self.run(runner.execute, batch, shape, worker, pooled, threads, worker=worker)
+        return await self.run(
+            runner.execute, batch, shape, worker, pooled, threads, layers, worker=worker
+        )
 
     def _plan_graphs(self, config: ServerConfig, loaded: LoadedModel) -> tuple[str, str]:
         if config.cuda_graphs == "off":

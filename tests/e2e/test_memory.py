@@ -120,6 +120,14 @@ def test_a_reload_to_a_plan_that_does_not_fit_keeps_the_old_pods_serving(kube, o
     }
     assert ready == old
     assert_never_killed_or_restarted(kube, "reloadbig")
+    # The refused pod does not sit Not-Ready for ever: a changed spec (the plan that fits, a new
+    # revision) replaces it, and the rollout finishes on pods of the new spec only.
+    refused = {pod["metadata"]["name"] for pod in kube.pods("reloadbig")} - old
+    assert refused, "the refused pod"
+    kube.patch("embeddingservice", "reloadbig", {"spec": {**small, "model": {"revision": "v2"}}})
+    wait_ready(kube, "reloadbig", "v2", replicas=2, timeout=420)
+    left = {pod["metadata"]["name"] for pod in kube.pods("reloadbig")}
+    assert not left & (old | refused), left
 
 
 def test_a_limit_below_what_loading_takes_is_refused_before_loading(kube, operator, report) -> None:

@@ -92,3 +92,29 @@ async def test_the_engine_is_built_off_the_event_loop(start_server, monkeypatch)
     assert built_in and built_in[0] != loop_thread
     report = await wait_for_phase(client, {"ready", "failed"})
     assert report["phase"] == "ready", report
+
+
+async def test_a_long_pass_warms_with_one_layer_and_nothing_after_ready_is_cold(
+    start_server, monkeypatch, caplog
+) -> None:
+    """On a CPU a shape whose whole pass is predicted long warms with the packed pass's first
+    layer only (all layers run the same kernels on the same shapes). Forced here for every
+    shape after the first: the log says so, its steady latency is scaled to all six layers,
+    and every planned shape is still warm after /ready."""
+    import logging
+
+    from warmgate_server import warming
+
+    monkeypatch.setattr(warming, "LONG_PASS_SECONDS", 0.0)
+    with caplog.at_level(logging.INFO, logger="warmgate_server.warming"):
+        client = await start_server("--warmup")
+    shortened = [r.getMessage() for r in caplog.records if "1 layer a run" in r.getMessage()]
+    assert len(shortened) == 5, [r.getMessage() for r in caplog.records]  # all but the first
+    report = await (await client.get("/ready")).json()
+    steady = {(s["batch_size"], s["seq_len"]): s["steady_ms"] for s in report["warmed_shapes"]}
+    assert len(steady) == 6 and all(ms > 0 for ms in steady.values())
+    for seq_len, text in BUCKET_TEXTS.items():
+        for count in (1, 3):
+            response = await client.post("/v1/embeddings", json={"input": [text] * count})
+            assert response.status == 200
+            assert response.headers["X-Warmgate-Cold"] == "0", (count, seq_len)

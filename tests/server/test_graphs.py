@@ -184,9 +184,11 @@ def _failing_capture(forward, ids, mask, pool_mask, pool):
 def test_a_capture_that_fails_serves_eagerly_or_fails_the_warmup(
     make_workers, loaded_minilm, mode: str
 ) -> None:
-    """auto: the graphs already captured are dropped, every shape warms eagerly and /ready
-    says why; on: warmup fails with the reason. (On a CPU the workers make no graphs
-    themselves, so the test hands them a graph set whose third capture fails.)"""
+    """auto: the graphs already captured are dropped, every shape warms eagerly, /ready says
+    why, and the planned shapes are served by the eager pass, warm; on: warmup fails with the
+    reason. (A stand-in, the narrowest seam there is: on a CPU the workers build no GraphSet,
+    which only a CUDA device gets, and no CUDA capture can fail here, so the test hands them
+    a graph set of `replay_eagerly` whose third capture raises.)"""
     from warmgate_server.errors import ModelLoadError
 
     if mode == "on":  # --device auto that found no GPU: refused at start, never served eagerly
@@ -208,6 +210,12 @@ def test_a_capture_that_fails_serves_eagerly_or_fails_the_warmup(
     assert report["mode"] == "off" and "stream is capturing" in report["reason"]
     assert workers.runner.graphs is None
     assert set(lifecycle.warmed) == set(PLAN)
+    shape = Shape(2, 16)  # its graph was captured, then dropped
+    tokens = workers.runner.tokenize(["a warm graph", "and another"])
+    served = asyncio.run(workers.execute(tokens, shape, 0))
+    assert not served.first_time  # the warmup settled the eager pass, not the graph
+    eager = ModelRunner(loaded_minilm, "mean", 32).execute(tokens, shape).vectors
+    np.testing.assert_allclose(served.vectors, eager, atol=2e-5, rtol=1e-4)
 
 
 def test_graphs_captured_during_warmup_serve_the_plan(make_workers, loaded_minilm) -> None:

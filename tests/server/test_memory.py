@@ -21,7 +21,17 @@ import pytest
 from warmgate_contract.names import REASON_MEMORY_EXCEEDED
 from warmgate_contract.shapes import Shape
 from warmgate_devcluster import cgroups
-from warmgate_server.memory import GROWTH_SAFETY, Cgroup, predict, warm_order
+from warmgate_server.memory import (
+    ACTIVATION_FACTOR,
+    CODE_PAGES,
+    Cgroup,
+    PassModel,
+    ProcessProbe,
+    anonymous_bytes,
+    mapped_bytes,
+    predict,
+    warm_order,
+)
 from warmgate_server.testing import ServerProcess, minilm_path
 
 MiB = 2**20
@@ -72,7 +82,10 @@ def test_the_limit_is_read_from_cgroup_v1_or_v2_where_the_process_sees_it(tmp_pa
 
 
 # ------------------------------------------------------------------------- the prediction
-def test_shapes_warm_smallest_first_and_each_is_predicted_from_the_smaller_ones() -> None:
+MINILM = PassModel(hidden=384, intermediate=1536, dtype_bytes=4, workers=2)
+
+
+def test_shapes_warm_smallest_first_and_each_is_predicted_from_a_model_of_the_pass() -> None:
     plan = [Shape(32, 128), Shape(1, 32), Shape(8, 512), Shape(8, 64), Shape(1, 64)]
     assert warm_order(plan) == [
         Shape(1, 32),
@@ -81,14 +94,84 @@ def test_shapes_warm_smallest_first_and_each_is_predicted_from_the_smaller_ones(
         Shape(32, 128),  # of equal tokens, the bigger batch first: it measured larger
         Shape(8, 512),
     ]
+    # MiniLM's MLP: 2 x (384 + 1536) floats a token, on two workers.
+    assert MINILM.activation_bytes(Shape(8, 128)) == 2 * 4 * 1024 * 3840
+    assert predict([], Shape(1, 32), MINILM) is None  # the loaded model is checked before it
     measured = [(Shape(1, 32), 700 * MiB)]
-    assert predict(measured, Shape(1, 64)) is None  # one token count: no line yet
-    measured.append((Shape(8, 64), 740 * MiB))  # 512 tokens
-    line = (740 - 700) / (512 - 32)  # MiB a token
-    expected = 740 + line * (4096 - 512) * GROWTH_SAFETY
-    assert abs(predict(measured, Shape(32, 128)) / MiB - expected) < 1  # type: ignore[operator]
-    # Never below what was already seen, even for fewer tokens.
-    assert predict(measured, Shape(1, 256)) == 740 * MiB
+    expected = 700 * MiB + ACTIVATION_FACTOR * (
+        MINILM.activation_bytes(Shape(1, 64)) - MINILM.activation_bytes(Shape(1, 32))
+    )
+    assert predict(measured, Shape(1, 64), MINILM) == int(expected)
+    # The issue's case: peaks that jump with the allocator, not with the shape. Two close
+    # token counts 30 MiB apart made the old straight line predict 0.90 GiB for 8x128;
+    # the model adds 3x the shape's own activations (a few MiB) to the worst measured rest.
+    measured = [(Shape(1, 32), 700 * MiB), (Shape(1, 64), 730 * MiB)]
+    rest = 730 * MiB - ACTIVATION_FACTOR * MINILM.activation_bytes(Shape(1, 64))
+    predicted = predict(measured, Shape(8, 128), MINILM)
+    assert predicted == int(rest + ACTIVATION_FACTOR * MINILM.activation_bytes(Shape(8, 128)))
+    assert predicted < 830 * MiB
+
+
+def test_the_pass_model_reads_each_familys_dimensions(tmp_path: Path) -> None:
+    bert = {"hidden_size": 768, "intermediate_size": 3072}
+    distilbert = {"dim": 768, "hidden_dim": 3072}
+    gemma = {"text_config": {"hidden_size": 768, "intermediate_size": 1152}}
+    for config in (bert, distilbert):
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        model = PassModel.of_folder(tmp_path, 2, workers=1)
+        assert (model.hidden, model.intermediate, model.dtype_bytes) == (768, 3072, 2)
+    (tmp_path / "config.json").write_text(json.dumps(gemma))
+    assert PassModel.of_folder(tmp_path, 4, workers=2).intermediate == 1152
+    (tmp_path / "config.json").write_text("{}")  # nothing said: the loaded model's width
+    assert PassModel.of_folder(tmp_path, 4, workers=1, hidden=384).intermediate == 4 * 384
+
+
+# ------------------------------------------------------------------------- the measure
+def test_mapped_file_pages_count_only_where_they_are_the_models(tmp_path: Path) -> None:
+    """File pages are the kernel's to drop near the limit (a CUDA build of torch maps hundreds
+    of MiB of libraries a CPU never runs), so reading a big file costs the need nothing; a
+    model file the process maps counts in full."""
+    import mmap
+
+    import numpy as np
+
+    model = tmp_path / "model"
+    model.mkdir()
+    weights = model / "model.safetensors"
+    weights.write_bytes(np.random.default_rng(0).bytes(64 * MiB))
+    other = tmp_path / "libsomething.so"
+    other.write_bytes(np.random.default_rng(1).bytes(64 * MiB))
+    probe = ProcessProbe(model_folder=model)
+    before = probe.current()
+    with open(weights, "rb") as w, open(other, "rb") as o:
+        mapped = [mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) for f in (w, o)]
+        try:
+            probe.reset_peak()
+            for view in mapped:
+                assert sum(view[::4096]) > 0  # every page touched: resident
+            need = probe.peak()
+            assert mapped_bytes(model) == 64 * MiB
+            assert probe.working_file == CODE_PAGES + 64 * MiB
+            # The other file is not counted: anonymous memory moved by noise only.
+            assert abs(need - before - 64 * MiB) < 16 * MiB, (need - before) / MiB
+        finally:
+            for view in mapped:
+                view.close()
+
+
+def test_a_passing_peak_of_anonymous_memory_is_sampled() -> None:
+    """An allocation freed before the peak is read (an activation of one layer) still counts."""
+    import numpy as np
+
+    probe = ProcessProbe(model_folder=None)
+    probe.reset_peak()
+    start = anonymous_bytes()
+    block = np.ones(200 * MiB // 8)  # written: resident
+    time.sleep(0.05)
+    del block
+    time.sleep(0.01)
+    assert anonymous_bytes() - start < 100 * MiB  # returned to the system
+    assert probe.peak() - CODE_PAGES - start > 190 * MiB
 
 
 # ------------------------------------------------------------------------- real processes
@@ -126,7 +209,9 @@ def test_each_predicted_peak_is_within_its_stated_error_of_the_measured_one(
     unlimited: dict, report
 ) -> None:
     """The prediction errs high, never more than a few percent low: the 10% margin covers
-    that (docs/server.md has the table)."""
+    that (docs/server.md has the table). It is high most at the largest shapes (up to 80%
+    at 32 x 512 here), where freed activations go back to the system instead of staying in
+    the allocator."""
     errors = []
     for item in unlimited["shapes"]:
         if item["predicted_bytes"] is not None:
@@ -136,8 +221,8 @@ def test_each_predicted_peak_is_within_its_stated_error_of_the_measured_one(
                 f"{label}: peak {item['peak_bytes'] / MiB:.0f} MiB, predicted "
                 f"{item['predicted_bytes'] / MiB:.0f} MiB ({errors[-1]:+.1%})"
             )
-    assert len(errors) == len(unlimited["shapes"]) - 2  # all but the two smallest
-    assert min(errors) > -0.05 and max(errors) < 0.6, errors
+    assert len(errors) == len(unlimited["shapes"]) - 1  # all but the smallest
+    assert min(errors) > -0.05 and max(errors) < 1.0, errors
     assert unlimited["limit_bytes"] is None and unlimited["cut"] is None
 
 
@@ -301,3 +386,102 @@ def test_an_onnx_export_that_would_pass_the_limit_is_refused_before_it_starts(
                     assert "exported" not in server.log()
                     assert server.process is not None and server.process.poll() is None
             assert cgroups.oom_kills(group) == 0, (limit, server.log()[-2000:])
+
+
+# ------------------------------------------------------------------------- the shipped examples
+EXAMPLE_STARTS = 30
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _bge_small(folder: Path) -> Path:
+    """A stand-in of examples/model-from-pvc.yaml's bge-small-en-v1.5 (no hub here): MiniLM's
+    folder with bge-small's twelve layers of the same width, random weights."""
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertModel
+
+    if (folder / "model.safetensors").is_file():
+        return folder
+    shutil.copytree(minilm_path(), folder, dirs_exist_ok=True)
+    config = json.loads((folder / "config.json").read_text())
+    config["num_hidden_layers"] = 12
+    (folder / "config.json").write_text(json.dumps(config))
+    torch.manual_seed(0)
+    BertModel(BertConfig(**config), add_pooling_layer=False).save_pretrained(folder)
+    return folder
+
+
+def _example_servers(scratch: Path) -> dict[tuple[str, ...], tuple[int, list[str]]]:
+    """Each CPU example's server, as the operator starts it (its flags from the operator's own
+    builder), under the memory limit of its manifest, with a local folder for its model:
+    {flags: (limit, the examples that start it)}. Examples whose flags differ only in the
+    model's names (minilm, model-baked, model-from-image: the same MiniLM, plan and limit)
+    start the same process, so it is started once for all of them."""
+    import yaml
+
+    from warmgate_operator.apply import parse_quantity
+    from warmgate_operator.builders import server_args
+    from warmgate_operator.spec import parse_spec
+
+    servers: dict[tuple[str, ...], tuple[int, list[str]]] = {}
+    for manifest in sorted(EXAMPLES.glob("*.yaml")):
+        for document in yaml.safe_load_all(manifest.read_text()):
+            if not document or document.get("kind") != "EmbeddingService":
+                continue
+            spec = parse_spec(document["spec"])
+            if spec.runtime.device != "cpu":
+                continue  # the GPU example needs a GPU
+            limit = int(parse_quantity(document["spec"]["resources"]["limits"]["memory"]))
+            model = minilm_path() if "MiniLM" in spec.model.id else _bge_small(scratch)
+            flags = [
+                arg
+                for arg in server_args(spec)
+                if not arg.startswith(
+                    ("--model=", "--port=", "--warmup-profile=", "--served-model-name=")
+                )
+                and not arg.startswith("--model-revision=")
+            ]
+            key = (f"--model={model}", *flags)
+            servers.setdefault(key, (limit, []))[1].append(manifest.name)
+    return servers
+
+
+@pytest.mark.slow
+def test_every_shipped_example_starts_30_times_within_its_limit_never_refused_or_killed(
+    tmp_path: Path, report
+) -> None:
+    """The issue's false refusal: examples/minilm.yaml's 1 GiB pods were refused at 0.90 GiB
+    "needed" while other processes loaded the cores. Each CPU example's server starts 30
+    times, two at once (both cores busy, as in a rollout), each in a fresh memory cgroup of
+    its manifest's limit: every start turns ready with its whole plan, none is refused, and
+    the kernel kills none."""
+    servers = _example_servers(tmp_path / "bge-small")
+    assert {name for _, names in servers.values() for name in names} >= {
+        "minilm.yaml", "model-baked.yaml", "model-from-image.yaml", "model-from-pvc.yaml"
+    }  # fmt: skip
+
+    def start(key: tuple[str, ...], limit: int, run: int) -> dict:
+        name = f"warmgate-example-{run}-{time.monotonic_ns()}"
+        with cgroups.memory_limited(name, limit) as group:
+            with ServerProcess(list(key), prefix=cgroups.launch_in(group, [])) as server:
+                ready = ready_report(server)
+            return {"report": ready, "oom_kills": cgroups.oom_kills(group), "log": server.log()}
+
+    for key, (limit, names) in servers.items():
+        with ThreadPoolExecutor(2) as pool:
+            runs = range(EXAMPLE_STARTS)
+            starts = list(pool.map(start, [key] * len(runs), [limit] * len(runs), runs))
+        refused = [s["report"]["error"] for s in starts if s["report"]["phase"] != "ready"]
+        killed = sum(s["oom_kills"] for s in starts)
+        needs = [s["report"]["memory"]["peak_bytes"] for s in starts]
+        budget = starts[0]["report"]["memory"]["budget_bytes"]
+        report(
+            f"{', '.join(names)} ({limit / 2**30:.2f} GiB): {len(starts)} starts, "
+            f"{len(refused)} refused, {killed} killed; need {min(needs) / MiB:.0f}-"
+            f"{max(needs) / MiB:.0f} MiB of a {budget / MiB:.0f} MiB budget"
+        )
+        assert not refused and killed == 0, (refused[:2], killed)
+        planned = {len(s["report"]["planned_shapes"]) for s in starts}
+        warmed = {len(s["report"]["warmed_shapes"]) for s in starts}
+        assert planned == warmed and len(planned) == 1, (planned, warmed)

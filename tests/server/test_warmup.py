@@ -36,3 +36,17 @@ def test_warmup_of_a_shape_ends_settled_at_the_run_cap_or_at_the_time_cap() -> N
     assert should_stop([130.0, 120.0], RULE)
     assert not should_stop([130.0, 99.0], RULE)
     assert should_stop([130.0, 99.0, 2.0], RULE)
+
+
+def test_a_cpu_warms_a_shape_with_one_cold_and_one_timed_run() -> None:
+    """A CPU's first pass of a shape pays all the first-time cost there is, so warmup runs it
+    twice and reports the second as its steady latency; a GPU settles as before."""
+    from warmgate_server.warmup import default_rule
+
+    cpu = default_rule("cpu")
+    assert not should_stop([0.5], cpu)
+    assert should_stop([0.5, 0.1], cpu)
+    assert steady_seconds([0.5, 0.1], cpu) == 0.1
+    gpu = default_rule("cuda")
+    assert not should_stop([0.5, 0.1], gpu)
+    assert should_stop([0.5, 0.1, 0.1, 0.1], gpu)
