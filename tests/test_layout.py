@@ -64,6 +64,8 @@ ACROSS_MODULES = {
     "server/test_model_folders.py",  # model folders (layouts, checkpoints, refusals) over HTTP
     "server/test_models.py",  # the model families (docs/models.md): loading, head, packed, runner
     "server/test_requests.py",  # routes.py and schemas.py on one shared warm app (test_routes.py)
+    "server/test_input_edges.py",  # runner.py's tokenize on every tokenizer family (tokenizer.py)
+    "server/test_out_of_memory.py",  # a CUDA OOM (faults.py) through warming.py and the scheduler
 }
 
 
