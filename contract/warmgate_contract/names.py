@@ -102,3 +102,13 @@ MODEL_HEADER = "X-Warmgate-Model"
 # is older than idleSeconds, and the router scales it back to 1 when a request comes.
 LAST_REQUEST_ANNOTATION = "warmgate.dev/last-request-time"
 REASON_SCALED_TO_ZERO = "ScaledToZero"
+# How long a wake takes, as the operator measures it and warmgate-router sizes its hold from:
+# status.scaleToZero (WAKE_STATUS) holds the last wake's start (spec.replicas leaving 0), the
+# moment a pod first served after it, and the seconds between them (a service's first start,
+# from its first pod's creation, before any wake). status.startupSeconds: the slowest current
+# pod's start, container start to probe passing.
+WAKE_STATUS = "scaleToZero"
+WOKE_AT_FIELD = "lastWokeAt"
+AWAKE_AT_FIELD = "awakeAt"
+WAKE_SECONDS_FIELD = "wakeSeconds"
+STARTUP_SECONDS_FIELD = "startupSeconds"

@@ -14,14 +14,21 @@ Pure: the clock is an argument. The status fields that record a wake live here t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from warmgate_contract.names import LAST_REQUEST_ANNOTATION, ROUTER_NAME
+from warmgate_contract.names import (
+    AWAKE_AT_FIELD,
+    LAST_REQUEST_ANNOTATION,
+    ROUTER_NAME,
+    WAKE_SECONDS_FIELD,
+    WAKE_STATUS,
+    WOKE_AT_FIELD,
+)
 
-from .objects import parse_time, rfc3339
+from .objects import condition, parse_time, rfc3339
 
 
 def parse_stamp(value: Any) -> float | None:
@@ -63,13 +70,13 @@ class Activity:
         has recorded a wake, or a first pod serving, already)."""
         meta = body.get("metadata") or {}
         status = body.get("status") or {}
-        history = status.get("scaleToZero") or {}
+        history = status.get(WAKE_STATUS) or {}
         return cls(
             last_request=parse_stamp((meta.get("annotations") or {}).get(LAST_REQUEST_ANNOTATION)),
-            woke=parse_stamp(history.get("lastWokeAt")),
-            awake=parse_stamp(history.get("awakeAt")),
+            woke=parse_stamp(history.get(WOKE_AT_FIELD)),
+            awake=parse_stamp(history.get(AWAKE_AT_FIELD)),
             created=parse_stamp(meta.get("creationTimestamp")),
-            starting=not history.get("awakeAt"),
+            starting=not history.get(AWAKE_AT_FIELD),
         )
 
 
@@ -121,23 +128,54 @@ def asleep_message(previous: Mapping[str, Any], activity: Activity, now: float) 
 
 
 def zero_status(
-    previous: Mapping[str, Any], configured: bool, at_zero: bool, serving: int, now: float
+    previous: Mapping[str, Any],
+    configured: bool,
+    at_zero: bool,
+    serving: int,
+    now: float,
+    first_pod_created: float | None = None,
 ) -> dict[str, Any]:
     """The status fields of scale to zero: `scaledToZeroAt` while at zero (when first seen
-    there), and `scaleToZero` with the last wake (`lastWokeAt`, when spec.replicas left 0)
-    and `awakeAt` (when a pod first served after the creation or that wake). Nothing without
-    scaleToZero."""
+    there), and `scaleToZero` with the last wake (`lastWokeAt`, when spec.replicas left 0),
+    `awakeAt` (when a pod first served after the creation or that wake) and `wakeSeconds`
+    (how long the last wake took: what warmgate-router sizes its hold from). Nothing without
+    scaleToZero.
+
+    `first_pod_created`: when the oldest Ready pod was created. A service's first start is
+    timed from it, but only when this reconcile sees the service go from no serving pod to
+    one (the previous status says 0): a service that served before scaleToZero was set has
+    old pods, whose age is no time to warm."""
     if not configured:
         return {}
-    history = dict(previous.get("scaleToZero") or {})
+    history = dict(previous.get(WAKE_STATUS) or {})
     fields: dict[str, Any] = {}
     if at_zero:
         fields["scaledToZeroAt"] = previous.get("scaledToZeroAt") or stamp(now)
     else:
         if previous.get("scaledToZeroAt"):
-            history = {"lastWokeAt": stamp(now)}
-        if not history.get("awakeAt") and serving > 0:
-            history["awakeAt"] = stamp(now)
+            # A new wake: its own times; the last one measured stands until it is over.
+            measured = {k: v for k, v in history.items() if k == WAKE_SECONDS_FIELD}
+            history = {WOKE_AT_FIELD: stamp(now), **measured}
+        if not history.get(AWAKE_AT_FIELD) and serving > 0:
+            history[AWAKE_AT_FIELD] = stamp(now)
+            began = parse_stamp(history.get(WOKE_AT_FIELD))
+            if began is None and previous.get("servingReplicas") == 0:
+                began = first_pod_created
+            awake = parse_stamp(history[AWAKE_AT_FIELD])
+            if began is not None and awake is not None:
+                history[WAKE_SECONDS_FIELD] = max(0, round(awake - began))
     if history:
-        fields["scaleToZero"] = history
+        fields[WAKE_STATUS] = history
     return fields
+
+
+def first_pod_created(pods: Iterable[Mapping[str, Any]]) -> float | None:
+    """When the oldest Ready, not terminating pod was created (Unix time; None: none is)."""
+    created = [
+        parse_stamp((pod.get("metadata") or {}).get("creationTimestamp"))
+        for pod in pods
+        if not (pod.get("metadata") or {}).get("deletionTimestamp")
+        and (condition(pod, "Ready") or {}).get("status") == "True"
+    ]
+    found = [moment for moment in created if moment is not None]
+    return min(found) if found else None

@@ -197,6 +197,7 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
                 spec.scaled_to_zero,
                 int(status.get("servingReplicas") or 0),
                 seen,
+                idle.first_pod_created(pods),
             )
         )
         scale_out = track_scale_out(

@@ -12,6 +12,10 @@ class ConfigError(ValueError):
     pass
 
 
+DEFAULT_MAX_HOLD_SECONDS = 600.0
+"""The OpenAI SDK's own default timeout: a hold past it would outlast the client."""
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     host: str = "0.0.0.0"
@@ -19,7 +23,14 @@ class RouterConfig:
     namespaces: tuple[str, ...] = ()
     """The namespaces whose EmbeddingServices and aliases are served; empty: every one."""
     hold_seconds: float = 120.0
-    """How long a request for a service with no warm pod (at zero, or starting) is held."""
+    """How long a request for a service with no warm pod (at zero, or starting) is held while
+    the service's time to warm is not measured, and the least it is held once it is (0: none
+    is held). A measured service is held 1.5 times its time to warm plus 30 s (hold.py)."""
+    max_hold_seconds: float | None = None
+    """The longest any request is held, however slowly its service warms: a request whose
+    service is expected to take longer is answered at once, 503 with Retry-After. None:
+    DEFAULT_MAX_HOLD_SECONDS, or hold_seconds where that is longer (a router told to hold
+    longer before the ceiling existed keeps doing so)."""
     max_held_requests: int = 1000
     """How many requests may be held at once, over all services; past it: 503."""
     activity_seconds: float = 10.0
@@ -32,11 +43,24 @@ class RouterConfig:
     log_format: str = "json"
     log_level: str = "INFO"
 
+    @property
+    def hold_ceiling(self) -> float:
+        """The longest any request is held (max_hold_seconds, or its default)."""
+        if self.max_hold_seconds is not None:
+            return self.max_hold_seconds
+        return max(DEFAULT_MAX_HOLD_SECONDS, self.hold_seconds)
+
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ConfigError(f"--port {self.port}: use 1..65535")
         if self.hold_seconds < 0:
             raise ConfigError(f"--hold-seconds {self.hold_seconds}: use 0 or more (0: no holding)")
+        if self.max_hold_seconds is not None and self.max_hold_seconds < self.hold_seconds:
+            raise ConfigError(
+                f"--max-hold-seconds {self.max_hold_seconds:g} is below --hold-seconds "
+                f"{self.hold_seconds:g}: a service whose time to warm is measured would be held "
+                "less than one whose is not; raise --max-hold-seconds or lower --hold-seconds"
+            )
         if self.max_held_requests < 0:
             raise ConfigError(f"--max-held-requests {self.max_held_requests}: use 0 or more")
         if self.activity_seconds <= 0:
@@ -89,7 +113,21 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterConfig:
         help="a namespace to serve (repeat, or comma-separated); none: every namespace "
         "(env WARMGATE_ROUTER_NAMESPACE)",
     )
-    add("hold-seconds", float, defaults.hold_seconds, "most seconds a request waits for a warm pod")
+    add(
+        "hold-seconds",
+        float,
+        defaults.hold_seconds,
+        "seconds a request waits for a warm pod of a service whose time to warm is not measured "
+        "yet, and the least it waits for one whose is (0: no holding)",
+    )
+    add(
+        "max-hold-seconds",
+        float,
+        defaults.max_hold_seconds,
+        "most seconds any request waits for a warm pod; a service expected to take longer "
+        f"gets 503 with Retry-After at once (default {DEFAULT_MAX_HOLD_SECONDS:g}, or "
+        "--hold-seconds if longer)",
+    )
     add("max-held-requests", int, defaults.max_held_requests, "most requests held at once")
     add(
         "activity-seconds",
@@ -113,6 +151,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterConfig:
             port=args.port,
             namespaces=namespaces,
             hold_seconds=args.hold_seconds,
+            max_hold_seconds=args.max_hold_seconds,
             max_held_requests=args.max_held_requests,
             activity_seconds=args.activity_seconds,
             connect_timeout=args.connect_timeout,

@@ -9,9 +9,11 @@ forwarded whole to one warm pod of the EmbeddingService its model name selects.
   is picked. A pod that refuses the connection is skipped for another (the request never reached
   it); a request that reached a pod is never sent twice.
 - A service without a warm pod (scaled to zero, or all its pods still starting) gets its
-  requests held, up to --hold-seconds and --max-held-requests; one at zero is scaled to 1
-  first. A held request goes out the moment the first pod passes the warm gate, or gets a 503
-  with Retry-After; a client that hangs up stops waiting.
+  requests held, as long as its measured time to warm says (hold.py) and up to
+  --max-held-requests; one at zero is scaled to 1 first. A held request goes out the moment
+  the first pod passes the warm gate, or gets a 503 with Retry-After (when a pod should be
+  warm); one whose service should take longer than it can be held gets that 503 at once. A
+  client that hangs up stops waiting.
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ from warmgate_contract.names import (
 
 from .balancer import Balancer
 from .config import RouterConfig
+from .hold import (
+    CLIENT_TIMEOUT_HEADER,
+    DEFAULT_RETRY_AFTER,
+    Hold,
+    Measured,
+    client_timeout,
+    plan_hold,
+)
 from .httpd import Request, Response, Routes, Server, json_response
 from .kube import ApiError, Kube
 from .metrics import CONTENT_TYPE, Metrics
@@ -52,7 +62,6 @@ PASSED_HEADERS = ("content-type", "content-encoding", "server-timing", "retry-af
 # Headers of the client's request the pod gets (the body is the client's, unchanged in kind).
 FORWARDED_HEADERS = ("Accept", "Accept-Encoding")
 TEI_ROUTES = ("embed", "embed_all", "tokenize", "decode", "similarity", "embeddings", "invocations")
-RETRY_AFTER_SECONDS = 5
 
 
 class Refused(Exception):
@@ -83,6 +92,23 @@ def _tei_error(error: Refused) -> Response:
 
 def _json(status: int, body: Any, retry_after: int | None = None) -> Response:
     return json_response(status, body, {"Retry-After": str(retry_after)} if retry_after else None)
+
+
+def _expected(plan: Hold, elapsed: float = 0.0) -> str:
+    """When a retry should find a warm pod, for a message: ' in N s', or ' later'."""
+    if plan.expected is None or plan.expected - elapsed <= 0:
+        return " later"
+    return f" in {plan.retry_after(elapsed)} s"
+
+
+def _waking_message(label: str, plan: Hold, measured: Measured, expected: float) -> str:
+    """Why a request is answered at once: its service will not be warm within the hold."""
+    state = "is waking from zero" if plan.waking else "has no warm pod yet"
+    return (
+        f"EmbeddingService {label} {state}: it took {measured.seconds:.0f} s to warm "
+        f"({measured.field}) and about {expected:.0f} s remain, longer than this request can "
+        f"be held ({plan.bound}): retry in {plan.retry_after()} s"
+    )
 
 
 def activity_stamp(moment: float | None = None) -> str:
@@ -221,9 +247,20 @@ class Router:
         self.note_activity(key)
 
     # -- holding --------------------------------------------------------------------------
-    async def hold(self, request: Request, key: Key, deadline: float) -> float:
+    def hold_for(self, request: Request, key: Key) -> Hold:
+        """How long this request may wait for `key`'s first warm pod (hold.py)."""
+        return plan_hold(
+            self.view.service(key) or {},
+            self.config.hold_seconds,
+            self.config.hold_ceiling,
+            time.time(),
+            client_timeout(request.headers.get(CLIENT_TIMEOUT_HEADER)),
+        )
+
+    async def hold(self, request: Request, key: Key, arrived: float, plan: Hold) -> float:
         """Until `key` has a Ready pod; the seconds waited. Refused when the service cannot
-        get one (0 replicas and no scale to zero), past the limits, or after the hold time."""
+        get one (0 replicas and no scale to zero), when it is expected to take longer than
+        the hold (`plan`, from `arrived`), past the limits, or after the hold."""
         service = self.view.service(key) or {}
         label = f"{key[0]}/{key[1]}"
         at_zero = replicas(service) == 0
@@ -240,19 +277,23 @@ class Router:
             raise Refused(
                 503,
                 f"EmbeddingService {label} has no warm pod yet and this router holds no "
-                "request (--hold-seconds 0): retry later",
+                f"request (--hold-seconds 0): retry{_expected(plan)}",
                 "no_warm_pod",
-                RETRY_AFTER_SECONDS,
+                plan.retry_after(),
             )
+        if plan.measured is not None and plan.expected is not None and plan.hopeless:
+            message = _waking_message(label, plan, plan.measured, plan.expected)
+            raise Refused(503, message, "model_waking", plan.retry_after())
         if self.held >= self.config.max_held_requests:
             raise Refused(
                 503,
                 f"EmbeddingService {label} has no warm pod yet and the router holds "
                 f"{self.held} requests already (--max-held-requests "
-                f"{self.config.max_held_requests}): retry later",
+                f"{self.config.max_held_requests}): retry{_expected(plan)}",
                 "no_warm_pod",
-                RETRY_AFTER_SECONDS,
+                plan.retry_after(),
             )
+        deadline = arrived + plan.seconds
         started = time.monotonic()
         self.held += 1
         gauge = self.metrics.held.labels(service=label)
@@ -290,14 +331,15 @@ class Router:
                 f"shutting down after holding the request {waited:.0f} s: retry (another "
                 "replica holds it)",
                 "router_stopping",
-                RETRY_AFTER_SECONDS,
+                DEFAULT_RETRY_AFTER,
             )
+        elapsed = time.monotonic() - arrived
         raise Refused(
             503,
-            f"EmbeddingService {label} has had no warm pod for {waited:.0f} s "
-            f"(--hold-seconds {self.config.hold_seconds:g}): retry later",
+            f"EmbeddingService {label} has had no warm pod for {waited:.0f} s (held up to "
+            f"{plan.seconds:.0f} s: {plan.bound}): retry{_expected(plan, elapsed)}",
             "no_warm_pod",
-            RETRY_AFTER_SECONDS,
+            plan.retry_after(elapsed),
         )
 
     # -- forwarding -----------------------------------------------------------------------
@@ -315,7 +357,7 @@ class Router:
         label = f"{namespace}/{key[1]}"
         in_flight, latency = self.metrics.for_service(label)
         self.note_activity(key)
-        deadline = arrived + self.config.hold_seconds
+        plan: Hold | None = None  # how long to hold it, once it has to be
         held = 0.0
         tried: set[str] = set()
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
@@ -327,7 +369,9 @@ class Router:
             while True:
                 endpoints = self.view.ready(key)
                 if not endpoints:
-                    held += await self.hold(request, key, deadline)
+                    if plan is None:
+                        plan = self.hold_for(request, key)
+                    held += await self.hold(request, key, arrived, plan)
                     continue
                 endpoint = self.balancer.pick(endpoints, tried)
                 if endpoint is None:
@@ -336,7 +380,7 @@ class Router:
                         f"no pod of EmbeddingService {label} accepted a connection "
                         f"(tried {len(tried)}): retry later",
                         "no_pod_reachable",
-                        RETRY_AFTER_SECONDS,
+                        DEFAULT_RETRY_AFTER,
                     )
                 try:
                     with self.balancer.busy(endpoint):

@@ -10,7 +10,9 @@ port: the OpenAI SDK (pooled, retries off), LangChain (tiktoken ids) and LlamaIn
 - A router replica deleted under load: the other serves on, 0 failed; one killed (SIGKILL)
   under load: the other serves on, failures only in the moments after the kill.
 - Scale to zero after the idle window, then requests: held, answered warm, the hold time next
-  to the pod's start and warmup; past --max-held-requests a 503 with Retry-After.
+  to the pod's start and warmup; past --max-held-requests a 503 with Retry-After. The
+  operator's time of that wake (status.scaleToZero.wakeSeconds, what the next hold is sized
+  from) agrees with how long the router held.
 """
 
 from __future__ import annotations
@@ -246,6 +248,18 @@ def test_scale_to_zero_and_back_holds_requests_and_answers_them_warm(
     )  # fmt: skip
     wait_ready(kube, "idle", "v1", replicas=1, timeout=420)
 
+    def timed(woken: bool) -> int | None:
+        """status.scaleToZero.wakeSeconds once the operator has timed the first start (or,
+        `woken`, a wake) to a pod serving."""
+        emb = kube.get("embeddingservice", "idle") or {}
+        history = (emb.get("status") or {}).get("scaleToZero") or {}
+        if not history.get("awakeAt") or woken != ("lastWokeAt" in history):
+            return None
+        return history.get("wakeSeconds")
+
+    # Its first start is timed before any wake: what a first wake's hold is sized from.
+    first_start = wait_until(lambda: timed(woken=False), 30, "the first start's time")
+
     # Steady traffic through the router for three idle windows keeps it up: the router's
     # last-request writes land inside every window.
     until = time.monotonic() + 30
@@ -297,10 +311,14 @@ def test_scale_to_zero_and_back_holds_requests_and_answers_them_warm(
     became_ready = condition(pod, "Ready").get("lastTransitionTime") or ""
     ready = datetime.fromisoformat(became_ready.replace("Z", "+00:00"))
     warmup = warmup_seconds(pod)
+    # The operator timed the wake the router held requests through: the next wake's hold.
+    wake = wait_until(lambda: timed(woken=True), 30, "the wake's time")
+    assert abs(wake - held_ms / 1000) <= 5, (wake, held_ms)
     report(
         f"scale from zero: {len(served)} held requests answered warm, longest hold "
         f"{held_ms / 1000:.1f} s (all answered {woke:.1f} s after the burst); the pod: created "
         f"to Ready (start, load, warmup, gate) {(ready - created).total_seconds():.0f} s, its "
         f"warmup {warmup} s; {len(refused)} refused past "
-        f"--max-held-requests"
+        f"--max-held-requests; status.scaleToZero.wakeSeconds {first_start} s for the first "
+        f"start, {wake} s for the wake"
     )

@@ -250,7 +250,7 @@ def test_scale_to_zero_fields_and_rules() -> None:
     assert parse_spec(defaulted) == parse_spec({"model": {"id": "m"}, "autoscaling": asleep})
     status = SCHEMA["properties"]["status"]["properties"]
     assert {"scaledToZeroAt", "scaleToZero"} <= set(status)
-    assert set(status["scaleToZero"]["properties"]) == {"lastWokeAt", "awakeAt"}
+    assert set(status["scaleToZero"]["properties"]) == {"lastWokeAt", "awakeAt", "wakeSeconds"}
 
 
 def test_each_crd_file_is_its_own_yaml_document() -> None:

@@ -13,6 +13,7 @@ from warmgate_operator.idle import (
     IdleDecision,
     asleep_message,
     decide,
+    first_pod_created,
     parse_stamp,
     stamp,
     zero_status,
@@ -115,14 +116,47 @@ def test_the_status_records_the_zero_and_the_wake() -> None:
     woken = zero_status(asleep, True, False, 0, T0 + 600)
     assert woken == {"scaleToZero": {"lastWokeAt": at(600)}}
     assert zero_status(woken, True, False, 0, T0 + 650) == woken  # still starting
-    # Its first pod serves: the wake is over, and that moment counts as activity.
+    # Its first pod serves: the wake is over, and that moment counts as activity. How long
+    # it took is what warmgate-router sizes its next hold from.
     awake = zero_status(woken, True, False, 1, T0 + 700)
-    assert awake == {"scaleToZero": {"lastWokeAt": at(600), "awakeAt": at(700)}}
+    assert awake == {"scaleToZero": {"lastWokeAt": at(600), "awakeAt": at(700), "wakeSeconds": 100}}
     assert zero_status(awake, True, False, 2, T0 + 900) == awake
     assert Activity.of(body(status=awake)).latest == T0 + 700
-    # Back at zero, then woken again: a new wake replaces the old one.
+    # Back at zero, then woken again: a new wake replaces the old one's times, and the time
+    # the last one took stands until the new one is over.
     again = zero_status({**awake, "scaledToZeroAt": at(800)}, True, False, 0, T0 + 950)
-    assert again == {"scaleToZero": {"lastWokeAt": at(950)}}
+    assert again == {"scaleToZero": {"lastWokeAt": at(950), "wakeSeconds": 100}}
+    quicker = zero_status(again, True, False, 1, T0 + 990)
+    assert quicker["scaleToZero"]["wakeSeconds"] == 40
+
+
+def test_a_first_start_is_timed_from_its_first_pods_creation() -> None:
+    """Before any wake, the service's first start is its time to warm: from the oldest Ready
+    pod's creation to the reconcile that sees it serve. Only when this reconcile sees it go
+    from no serving pod to one: a service that served before scaleToZero was set has pods
+    whose age says nothing of how long they took to warm."""
+    starting = {"servingReplicas": 0}
+    first = zero_status(starting, True, False, 1, T0 + 95, first_pod_created=T0 + 10)
+    assert first == {"scaleToZero": {"awakeAt": at(95), "wakeSeconds": 85}}
+    long_serving = {"servingReplicas": 2}
+    added = zero_status(long_serving, True, False, 2, T0 + 9_000, first_pod_created=T0 + 10)
+    assert added == {"scaleToZero": {"awakeAt": at(9_000)}}
+    assert zero_status({}, True, False, 1, T0 + 95, first_pod_created=T0 + 10) == {
+        "scaleToZero": {"awakeAt": at(95)}
+    }
+
+
+def test_the_first_pod_created_is_the_oldest_ready_one() -> None:
+    def pod(created: float, ready: bool = True, deleting: bool = False) -> dict[str, Any]:
+        meta: dict[str, Any] = {"creationTimestamp": at(created)}
+        if deleting:
+            meta["deletionTimestamp"] = at(created + 1)
+        condition = {"type": "Ready", "status": "True" if ready else "False"}
+        return {"metadata": meta, "status": {"conditions": [condition]}}
+
+    pods = [pod(30), pod(5, ready=False), pod(1, deleting=True), pod(20)]
+    assert first_pod_created(pods) == T0 + 20
+    assert first_pod_created([pod(5, ready=False)]) is None
 
 
 def test_the_ready_message_at_zero_is_stable_and_says_how_it_wakes() -> None:

@@ -267,17 +267,24 @@ def sleepy_es(client: FakeClient, idle_seconds: int = 60, **spec: Any) -> dict[s
     return client.put(EMBEDDING_SERVICE, body)
 
 
-def server_pod(client: FakeClient, name: str = "minilm-a", waiting: str | None = None) -> None:
+def server_pod(
+    client: FakeClient,
+    name: str = "minilm-a",
+    waiting: str | None = None,
+    created: float | None = None,
+) -> None:
     """A pod of minilm in the watch cache: Ready and serving, or its container waiting for
-    `waiting` (an image that will not pull)."""
+    `waiting` (an image that will not pull); created at `created` when given."""
     labels = {MANAGED_BY_LABEL: MANAGED_BY, SERVICE_LABEL: "minilm", ROLE_LABEL: ROLE_SERVING}
     status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": str(not waiting)}]}
     if waiting:
         status["containerStatuses"] = [
             {"name": "server", "state": {"waiting": {"reason": waiting}}}
         ]
-    pod = {"metadata": {"name": name, "namespace": "default", "labels": labels}, "status": status}
-    client.put(POD, pod)
+    meta: dict[str, Any] = {"name": name, "namespace": "default", "labels": labels}
+    if created is not None:
+        meta["creationTimestamp"] = idle.stamp(created)
+    client.put(POD, {"metadata": meta, "status": status})
 
 
 def clocked(client: FakeClient, now: list[float], metrics: Metrics | None = None) -> Reconciler:
@@ -433,5 +440,27 @@ async def test_a_wake_is_recorded_and_the_wake_is_never_cut_short() -> None:
     assert status["scaleToZero"] == {
         "lastWokeAt": idle.stamp(T0 + 200),
         "awakeAt": idle.stamp(T0 + 520),
+        "wakeSeconds": 320,  # what warmgate-router holds the next wake's requests by
     }
     assert result.recheck_after == pytest.approx(10)
+
+
+async def test_a_new_services_first_start_is_timed_from_its_first_pods_creation() -> None:
+    """Before any wake, the time to warm a wake will need is the first start's: from the
+    first pod's creation to the reconcile that sees it serve, in status.scaleToZero."""
+    client, now = FakeClient(), [T0 + 1]
+    sleepy_es(client)
+    rec = clocked(client, now)
+    await reconcile_latest(client, rec)  # no pod yet: nothing serves
+    status = client.find(EMBEDDING_SERVICE, "default", "minilm")["status"]
+    assert status["servingReplicas"] == 0 and "scaleToZero" not in status
+    server_pod(client, created=T0 + 3)
+    now[0] = T0 + 150
+    await reconcile_latest(client, rec)
+    status = client.find(EMBEDDING_SERVICE, "default", "minilm")["status"]
+    assert status["scaleToZero"] == {"awakeAt": idle.stamp(T0 + 150), "wakeSeconds": 147}
+    # Later reconciles keep it: it changes only with the next wake.
+    now[0] = T0 + 160
+    client.log.clear()
+    await reconcile_latest(client, rec)
+    assert client.log == []

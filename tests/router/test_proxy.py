@@ -20,6 +20,7 @@ import pytest
 from support.server import serving
 
 from warmgate_contract.names import API_VERSION, MODEL_HEADER, SERVICE_HEADER
+from warmgate_operator.idle import parse_stamp, zero_status
 from warmgate_router.config import RouterConfig
 from warmgate_router.httpd import Server
 from warmgate_router.metrics import Metrics
@@ -31,6 +32,7 @@ from warmgate_server.testing import minilm_path
 
 NS = "team"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+T0 = parse_stamp("2026-03-01T12:00:00Z") or 0.0
 
 
 @pytest.fixture(scope="module")
@@ -433,6 +435,131 @@ async def test_holding_is_bounded_in_time_and_count_and_ends_when_the_client_lea
         r.counter("warmgate_router_hold_seconds_count", service=f"{NS}/docs", outcome="client_gone")
         == 1
     )
+
+
+def waking_service(name: str, wake_seconds: int) -> dict:
+    """An EmbeddingService at zero (autoscaling.scaleToZero) whose last wake took
+    `wake_seconds`, with the status the operator's own idle.zero_status records for it."""
+    autoscaling = {"enabled": True, "minReplicas": 0, "maxReplicas": 2,
+                   "scaleToZero": {"idleSeconds": 300}}  # fmt: skip
+    body = es(name, replicas=0, autoscaling=autoscaling)
+    asleep = zero_status({}, True, True, 0, T0)
+    woken = zero_status(asleep, True, False, 0, T0 + 10)
+    awake = zero_status(woken, True, False, 1, T0 + 10 + wake_seconds)
+    body["status"] = {"servingReplicas": 0, **zero_status(awake, True, True, 0, T0 + 900)}
+    return body
+
+
+class ScaleRecorder:
+    """The apiserver's side of the router's wake, in memory: a Scale at 0 replicas to read,
+    and every write the router makes."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, str, Any]] = []
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        if method == "GET":
+            return {"metadata": {"resourceVersion": "7"}, "spec": {}}
+        self.writes.append((method, path, body))
+        return {}
+
+    def scaled_to(self) -> list[Any]:
+        return [b["spec"]["replicas"] for m, p, b in self.writes if p.endswith("/scale")]
+
+
+async def test_a_service_slower_to_warm_than_the_hold_is_held_as_long_as_its_last_wake(rig, pods):
+    """--hold-seconds 1, but the service's last wake took 3 s: its request is held 1.5 x 3 +
+    30 s, and answered when its pod turns warm 2.5 s later. A service not measured yet still
+    gets --hold-seconds."""
+    r = await rig(hold_seconds=1)
+    names(r.view, [waking_service("big", wake_seconds=3), es("new")], [])
+    r.view.on_listing(SLICES, NS, [endpoint_slice("big", [pods[0]], ready=False)])
+
+    def call(model: str) -> Any:
+        client = openai.OpenAI(base_url=r.url + "/v1", api_key="-", max_retries=0)
+        return client.embeddings.with_raw_response.create(model=model, input="held")
+
+    started = time.monotonic()
+    request = asyncio.create_task(asyncio.to_thread(call, "big"))
+    await asyncio.sleep(2.5)
+    assert not request.done() and r.router.held == 1
+    r.view.on_change(SLICES, "MODIFIED", endpoint_slice("big", [pods[0]], ready=True))
+    raw = await request
+    assert raw.http_response.status_code == 200
+    assert int(raw.headers["X-Warmgate-Held-Ms"]) >= 2000  # twice --hold-seconds
+    assert len(raw.parse().data) == 1
+    assert time.monotonic() - started < 10
+
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as refused:
+        await asyncio.to_thread(call, "new")
+    assert refused.value.status_code == 503
+    assert refused.value.response.headers["Retry-After"] == "5"
+    assert "--hold-seconds 1" in refused.value.message
+    assert 0.9 <= time.monotonic() - started < 5
+
+
+async def test_a_wake_longer_than_the_router_holds_is_answered_at_once_with_retry_after(rig, pods):
+    """A 40 s wake and --max-hold-seconds 5: no blind hold and timeout, but a 503 at once that
+    says the model is waking, how long it takes, and when to retry (Retry-After 40), in the
+    route's own error format. The service is still woken, so the retry finds it warm."""
+    r = await rig(hold_seconds=1, max_hold_seconds=5)
+    apiserver = ScaleRecorder()
+    r.router.kube = apiserver  # type: ignore[assignment]
+    names(r.view, [waking_service("big", wake_seconds=40)], [])
+
+    def call() -> None:
+        client = openai.OpenAI(base_url=r.url + "/v1", api_key="-", max_retries=0)
+        client.embeddings.create(model="big", input="x")
+
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as refused:
+        await asyncio.to_thread(call)
+    assert time.monotonic() - started < 1
+    assert refused.value.status_code == 503
+    assert refused.value.response.headers["Retry-After"] == "40"
+    error = refused.value.body
+    assert error["code"] == "model_waking" and error["type"] == "service_unavailable"
+    assert error["message"] == (
+        f"EmbeddingService {NS}/big is waking from zero: it took 40 s to warm "
+        "(status.scaleToZero.wakeSeconds) and about 40 s remain, longer than this request "
+        "can be held (--max-hold-seconds 5): retry in 40 s"
+    )
+    assert apiserver.scaled_to() == [1]
+
+    async with aiohttp.ClientSession() as session:
+        started = time.monotonic()
+        async with session.post(
+            r.url + "/embed", json={"inputs": "x"}, headers={MODEL_HEADER: "big"}
+        ) as response:
+            body = await response.json()
+        assert time.monotonic() - started < 1
+    assert response.status == 503 and response.headers["Retry-After"] == "40"
+    assert body["error_type"] == "Overloaded" and "waking from zero" in body["error"]
+    assert r.router.held == 0
+
+
+async def test_a_client_with_a_short_timeout_is_told_when_to_retry_and_then_served(rig, pods):
+    """The OpenAI SDK (its default retries) with a 2 s timeout, which it sends the router
+    (X-Stainless-Read-Timeout), and a model whose last wake took 3 s: held, the client would
+    time out; told at once to retry in 3 s, it sleeps that long and its retry is served."""
+    r = await rig()
+    names(r.view, [waking_service("big", wake_seconds=3)], [])
+    r.view.on_listing(SLICES, NS, [endpoint_slice("big", [pods[0]], ready=False)])
+
+    def call() -> int:
+        client = openai.OpenAI(base_url=r.url + "/v1", api_key="-", timeout=2.0)
+        return len(client.embeddings.create(model="big", input="x").data)
+
+    started = time.monotonic()
+    request = asyncio.create_task(asyncio.to_thread(call))
+    await asyncio.sleep(1.5)  # the pod turns warm while the client waits to retry
+    r.view.on_change(SLICES, "MODIFIED", endpoint_slice("big", [pods[0]], ready=True))
+    assert await request == 1
+    assert 2.9 <= time.monotonic() - started < 8
+    big = {"model": "big", "service": f"{NS}/big"}
+    assert r.counter("warmgate_router_requests_total", code="503", **big) == 1
+    assert r.counter("warmgate_router_requests_total", code="200", **big) == 1
 
 
 async def test_a_replica_that_stops_answers_its_held_requests_at_once_with_retry_after(rig, pods):
