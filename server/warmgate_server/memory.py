@@ -187,10 +187,22 @@ def anonymous_bytes(statm: Path = Path("/proc/self/statm")) -> int:
     return (int(fields[1]) - int(fields[2])) * _PAGE
 
 
-def mapped_bytes(folder: Path, smaps: Path = Path("/proc/self/smaps")) -> int:
-    """Resident bytes of the files under `folder` this process maps (a checkpoint read through
-    mmap: its pages are the model's, not reclaimable slack)."""
-    prefix = str(folder.resolve()) + "/"
+def model_files(folder: Path) -> frozenset[str]:
+    """The real paths of the files in a model folder: a hub cache's snapshot holds links to its
+    blobs, and /proc/self/smaps names the blobs."""
+    found = set()
+    for path in folder.rglob("*"):
+        try:
+            if path.is_file():
+                found.add(str(path.resolve()))
+        except OSError:
+            continue
+    return frozenset(found)
+
+
+def mapped_bytes(files: frozenset[str], smaps: Path = Path("/proc/self/smaps")) -> int:
+    """Resident bytes of `files` (model_files) that this process maps (a checkpoint read
+    through mmap: its pages are the model's, not reclaimable slack)."""
     total = 0
     inside = False
     with open(smaps) as lines:
@@ -198,7 +210,7 @@ def mapped_bytes(folder: Path, smaps: Path = Path("/proc/self/smaps")) -> int:
             first, _, rest = line.partition(" ")
             if not first.endswith(":"):  # a mapping's header: range perms offset dev inode path
                 fields = rest.split(maxsplit=4)
-                inside = len(fields) == 5 and fields[4].startswith(prefix)
+                inside = len(fields) == 5 and fields[4].rstrip("\n") in files
             elif inside and first == "Rss:":
                 total += int(rest.split()[0]) * 1024
     return total
@@ -247,7 +259,7 @@ class ProcessProbe:
 
     def __init__(self, cgroup: Cgroup | None = None, model_folder: Path | None = None) -> None:
         self.cgroup = cgroup if cgroup is not None else Cgroup.find()
-        self.model_folder = model_folder
+        self.model_files = frozenset() if model_folder is None else model_files(model_folder)
         self.working_file = CODE_PAGES
         """File pages counted in every need: the libraries' code and the model's mapped
         files (measured after each shape)."""
@@ -267,8 +279,8 @@ class ProcessProbe:
 
     def peak(self) -> int:
         anonymous = self._sampler.stop()
-        if self.model_folder is not None:
-            self.working_file = CODE_PAGES + mapped_bytes(self.model_folder)
+        if self.model_files:
+            self.working_file = CODE_PAGES + mapped_bytes(self.model_files)
         return anonymous + self.working_file
 
     def container(self) -> tuple[int | None, int | None]:

@@ -29,6 +29,7 @@ from warmgate_server.memory import (
     ProcessProbe,
     anonymous_bytes,
     mapped_bytes,
+    model_files,
     predict,
     warm_order,
 )
@@ -137,8 +138,11 @@ def test_mapped_file_pages_count_only_where_they_are_the_models(tmp_path: Path) 
 
     model = tmp_path / "model"
     model.mkdir()
+    blob = tmp_path / "blobs" / "3da0003"  # a hub cache: the snapshot links to its blob
+    blob.parent.mkdir()
+    blob.write_bytes(np.random.default_rng(0).bytes(64 * MiB))
     weights = model / "model.safetensors"
-    weights.write_bytes(np.random.default_rng(0).bytes(64 * MiB))
+    weights.symlink_to(blob)
     other = tmp_path / "libsomething.so"
     other.write_bytes(np.random.default_rng(1).bytes(64 * MiB))
     probe = ProcessProbe(model_folder=model)
@@ -150,7 +154,7 @@ def test_mapped_file_pages_count_only_where_they_are_the_models(tmp_path: Path) 
             for view in mapped:
                 assert sum(view[::4096]) > 0  # every page touched: resident
             need = probe.peak()
-            assert mapped_bytes(model) == 64 * MiB
+            assert mapped_bytes(model_files(model)) == 64 * MiB
             assert probe.working_file == CODE_PAGES + 64 * MiB
             # The other file is not counted: anonymous memory moved by noise only.
             assert abs(need - before - 64 * MiB) < 16 * MiB, (need - before) / MiB
