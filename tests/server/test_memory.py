@@ -213,7 +213,7 @@ def test_each_predicted_peak_is_within_its_stated_error_of_the_measured_one(
     unlimited: dict, report
 ) -> None:
     """The prediction errs high, never more than a few percent low: the 10% margin covers
-    that (docs/server.md has the table). It is high most at the largest shapes (up to 80%
+    that (docs/server.md has the table). It is high most at the largest shapes (77% and 90%
     at 32 x 512 here), where freed activations go back to the system instead of staying in
     the allocator."""
     errors = []
@@ -226,7 +226,7 @@ def test_each_predicted_peak_is_within_its_stated_error_of_the_measured_one(
                 f"{item['predicted_bytes'] / MiB:.0f} MiB ({errors[-1]:+.1%})"
             )
     assert len(errors) == len(unlimited["shapes"]) - 1  # all but the smallest
-    assert min(errors) > -0.05 and max(errors) < 1.0, errors
+    assert min(errors) > -0.05 and max(errors) < 1.5, errors
     assert unlimited["limit_bytes"] is None and unlimited["cut"] is None
 
 
