@@ -36,8 +36,8 @@ LONG_PASS_SECONDS = 0.5
 """On a CPU, a shape whose whole pass is predicted to take longer than this warms with the
 packed pass's first layer only (Warmup._layers_for): on 2 cores an XLM-R of multilingual-e5-
 base's shape takes about 30 s for a pass of 32 x 256, twice per worker, which was most of its
-time to /ready, and its first request cost no more after one layer than after whole passes
-(docs/benchmarks.md, make bench-warm)."""
+time to /ready. After one layer a worker, every shape's first request was within 1.10 of its
+steady time, 32 x 256 included (docs/benchmarks.md, make bench-warm)."""
 
 
 def _gib(size: int | None) -> str:
