@@ -3,15 +3,14 @@ shape will have, predicted from a model of the pass calibrated on the shapes war
 
 On a CPU the limit is the container's cgroup limit (v1 or v2). Going past it is a kill by the
 kernel, which nothing can catch, but only for memory the kernel cannot reclaim: the process's
-anonymous memory (RssAnon and RssShmem; there is no swap in a pod) and the file pages it keeps
-touching. The other file-backed pages it maps (the CUDA libraries a CUDA build of torch maps at
-import and a CPU never runs: about 350 of the 500 MiB of file pages a MiniLM server maps here)
-are dropped by the kernel as the container nears its limit. So the need measured is the
-anonymous memory at its peak (VmHWM less RssFile, the peak reset before each shape through
-/proc/self/clear_refs) plus the file pages the shape's passes touched (smaps' Referenced, its
-bits cleared before each shape). Counting resident memory instead (VmRSS) refused plans that
-fit: examples/minilm.yaml's own, at 0.90 GiB "needed" of a 1 GiB limit, where 0.5 GiB was
-cold file pages.
+anonymous memory (there is no swap in a pod) and the file pages it keeps touching. The other
+file-backed pages it maps (the CUDA libraries a CUDA build of torch maps at import and a CPU
+never runs: about 350 of the 500 MiB of file pages a MiniLM server maps here) are dropped by the
+kernel as the container nears its limit. So a shape's need is the anonymous memory at its peak
+(resident less shared, /proc/self/statm, sampled while the shape runs) plus the model's own
+mapped files and CODE_PAGES for the libraries' code. Counting resident memory instead (VmRSS)
+refused plans that fit: examples/minilm.yaml's own, at 0.90 GiB "needed" of a 1 GiB limit,
+where 0.5 GiB was cold file pages.
 On a GPU the limit is the device's memory and the measure the CUDA caching allocator's reserved
 memory; an allocation past it raises, and warming.py turns that into a refusal or a cut too.
 
@@ -154,19 +153,10 @@ class Cgroup:
 
 
 def _status(key: str, path: Path = Path("/proc/self/status")) -> int:
-    return _status_fields(path)[key.rstrip(":")]
-
-
-def _status_fields(path: Path = Path("/proc/self/status")) -> dict[str, int]:
-    """/proc/self/status's memory lines (VmRSS, VmHWM, RssAnon, RssFile, RssShmem...) in
-    bytes."""
-    fields: dict[str, int] = {}
     for line in path.read_text().splitlines():
-        key, _, value = line.partition(":")
-        parts = value.split()
-        if len(parts) == 2 and parts[1] == "kB":
-            fields[key] = int(parts[0]) * 1024
-    return fields
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+    raise LookupError(f"{key} not in {path}")
 
 
 CODE_PAGES = 128 * 2**20
@@ -178,7 +168,7 @@ SAMPLE_SECONDS = 0.001
 """How often the anonymous memory is read while a shape warms (/proc/self/statm, a few
 microseconds a read)."""
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def anonymous_bytes(statm: Path = Path("/proc/self/statm")) -> int:
@@ -364,38 +354,26 @@ class PassModel:
         return self.workers * self.dtype_bytes * shape.tokens * per_token
 
     @classmethod
-    def from_config(
-        cls, config: dict, dtype_bytes: int, workers: int = 1, hidden: int | None = None
-    ) -> PassModel:
-        """From config.json's dimensions, under any family's names (BERT's, DistilBERT's,
-        GPT's); what it lacks is taken as a transformer's usual ratios."""
-
-        def first(*names: str) -> int | None:
-            for name in names:
-                value = config.get(name)
-                if isinstance(value, int) and value > 0:
-                    return value
-            return None
-
-        width = first("hidden_size", "dim", "d_model", "n_embd") or hidden or 768
-        return cls(
-            hidden=width,
-            intermediate=first("intermediate_size", "hidden_dim", "ffn_dim", "n_inner")
-            or 4 * width,
-            dtype_bytes=dtype_bytes,
-            workers=workers,
-        )
-
-    @classmethod
     def of_folder(
         cls, folder: Path, dtype_bytes: int, workers: int, hidden: int | None = None
     ) -> PassModel:
+        """From config.json's dimensions under BERT's names (packed.bert_config reads
+        DistilBERT's), a Gemma's from its text_config; what it lacks is taken as a
+        transformer's usual ratio (the loaded model's width, four times that inside)."""
+        from .packed import bert_config
+
         try:
             config = json.loads((folder / "config.json").read_text())
         except (OSError, ValueError):
             config = {}
-        config = config.get("text_config", config) if isinstance(config, dict) else {}
-        return cls.from_config(config, dtype_bytes, workers, hidden)
+        config = bert_config(config.get("text_config", config)) if isinstance(config, dict) else {}
+
+        def size(name: str) -> int | None:
+            value = config.get(name)
+            return value if isinstance(value, int) and value > 0 else None
+
+        width = size("hidden_size") or hidden or 768
+        return cls(width, size("intermediate_size") or 4 * width, dtype_bytes, workers)
 
 
 def predict(measured: Sequence[tuple[Shape, int]], shape: Shape, model: PassModel) -> int | None:

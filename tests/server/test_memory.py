@@ -115,7 +115,7 @@ def test_shapes_warm_smallest_first_and_each_is_predicted_from_a_model_of_the_pa
 
 def test_the_pass_model_reads_each_familys_dimensions(tmp_path: Path) -> None:
     bert = {"hidden_size": 768, "intermediate_size": 3072}
-    distilbert = {"dim": 768, "hidden_dim": 3072}
+    distilbert = {"model_type": "distilbert", "dim": 768, "hidden_dim": 3072}
     gemma = {"text_config": {"hidden_size": 768, "intermediate_size": 1152}}
     for config in (bert, distilbert):
         (tmp_path / "config.json").write_text(json.dumps(config))
