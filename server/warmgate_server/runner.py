@@ -6,10 +6,11 @@ see app.py), never on the event loop; `tokenize` runs in the tokenizer thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,6 +46,23 @@ class TokenIds(list):
     def __init__(self, ids: Sequence[int] = (), pool_from: int = 0) -> None:
         super().__init__(ids)
         self.pool_from = pool_from
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """This thread's torch threads set to `threads` for the block (its team only: OpenMP's,
+    MKL's local), then back; None leaves them."""
+    if threads is None:
+        yield
+        return
+    import torch
+
+    own = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(own)
 
 
 def pool_starts(batch: Sequence[Sequence[int]]) -> np.ndarray | None:
@@ -334,14 +352,8 @@ class ModelRunner:
         elif threads is None or self.loaded.ort is not None:
             vectors = self._forward(batch, shape, pool, threads, layers)
         else:
-            import torch
-
-            own = torch.get_num_threads()
-            torch.set_num_threads(threads)  # this thread's team only (OpenMP's, MKL's local)
-            try:
+            with torch_threads(threads):
                 vectors = self._forward(batch, shape, pool, layers=layers)
-            finally:
-                torch.set_num_threads(own)
         self._executed.add(key)
         return BatchResult(
             vectors,
@@ -365,17 +377,10 @@ class ModelRunner:
         kernels = getattr(self.packed, "kernels", None)
         if kernels is None or self.loaded.device.type != "cpu":
             return 0
-        import torch
-
         from .linear import warm
 
-        own = torch.get_num_threads()
-        if threads is not None:
-            torch.set_num_threads(threads)
-        try:
+        with torch_threads(threads):
             return warm(kernels)
-        finally:
-            torch.set_num_threads(own)
 
     def export_onnx(
         self,
