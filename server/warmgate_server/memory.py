@@ -16,10 +16,12 @@ memory; an allocation past it raises, and warming.py turns that into a refusal o
 
 Warmup (warming.py) warms the plan from the smallest shape up and starts no shape predicted to go
 past the budget (the limit less contract.report.MEMORY_MARGIN): so a plan too big for its pod
-stops, with numbers, before the shape that would have killed it. The prediction is the need of
-what the pass does not explain (measured: weights, runtime, allocator and threads) plus the
-pass's activations for the shape (PassModel, from config.json) times ACTIVATION_FACTOR; it never
-extrapolates the measured peaks, whose differences are the allocator's noise at small shapes.
+stops, with numbers, before the shape that would have killed it. The prediction starts from the
+largest need measured so far (weights, runtime, allocator and threads: measured, not modelled)
+and adds what the pass model (PassModel, from config.json) says the shape's activations grow
+past those of the largest shape measured, times ACTIVATION_FACTOR, plus ACTIVATION_SLACK for
+the allocator's steps; it never fits a line through the measured peaks, whose differences are the
+allocator's noise at small shapes.
 """
 
 from __future__ import annotations
@@ -38,14 +40,21 @@ from warmgate_contract.shapes import Shape
 
 log = logging.getLogger(__name__)
 
-ACTIVATION_FACTOR = 3.0
-"""How much a shape's peak grows per byte of the activations the pass model counts: freed
-activations stay in the allocator (glibc's per-thread arenas, the CUDA caching allocator's
-blocks), kernels take scratch space, and the workers' peaks need not coincide. Measured on a
-2-core EPYC here: MiniLM's peak grew 2.8x the modelled activations from 8x64 to 8x128 (the
-largest ratio of the zoo's families, docs/server.md); the rest is margin. The activations of
-an embedding model's shapes are small beside its weights and runtime (MiniLM at 8x128: 41 MB
-on two workers), so a generous factor costs little room."""
+ACTIVATION_FACTOR = 2.5
+"""How much a shape's need grows per byte of activations the pass model counts, past the
+largest shape measured: freed activations stay in the allocator (glibc's per-thread arenas, the
+CUDA caching allocator's blocks), kernels take scratch space, and the workers' peaks need not
+coincide. Measured on a 2-core EPYC (MiniLM, the 15-shape plan, docs/benchmarks.md): the need
+grew 1.8x the modelled activations from 32x128 to 32x256, 2.2x from 32x64 to 32x128, and 0.2x
+from 32x256 to 32x512 (activations past glibc's mmap threshold go back to the system at once).
+The growth per byte falls as shapes grow, so the largest shape measured is the anchor that
+errs least: predicting every shape from the smallest one's need (as before, with 3.0) refused
+the operator's own default plan for MiniLM at its default 1536Mi limit (32x256 "about 1.37 GiB"
+of a 1.35 GiB budget; it needs 1.1)."""
+
+ACTIVATION_SLACK = 32 * 2**20
+"""Added to every prediction: at small shapes the need moves in the allocator's steps, not with
+the activations (MiniLM: 51 MiB from 8x64 to 8x128, 3.4x their 15 MiB of activations)."""
 
 _UNLIMITED = 1 << 60
 """cgroup v1 writes a huge number (about 2^63) for no limit."""
@@ -377,17 +386,16 @@ class PassModel:
 
 
 def predict(measured: Sequence[tuple[Shape, int]], shape: Shape, model: PassModel) -> int | None:
-    """The need `shape` will have: the largest need the pass model does not explain among the
-    shapes measured so far (weights, runtime, the allocator's and threads' overhead), plus
-    the model's activations for `shape` times ACTIVATION_FACTOR. None before any shape was
-    measured (the first is the plan's smallest; the loaded model's own need is checked
-    before it)."""
+    """The need `shape` will have: the largest need measured so far, plus ACTIVATION_FACTOR
+    times what the pass model says its activations grow past those of the largest shape
+    measured, plus ACTIVATION_SLACK. None before any shape was measured (the first is the
+    plan's smallest; the loaded model's own need is checked before it)."""
     if not measured:
         return None
-    unexplained = max(
-        need - ACTIVATION_FACTOR * model.activation_bytes(done) for done, need in measured
-    )
-    return int(unexplained + ACTIVATION_FACTOR * model.activation_bytes(shape))
+    need = max(need for _done, need in measured)
+    reached = max(model.activation_bytes(done) for done, _need in measured)
+    growth = max(0, model.activation_bytes(shape) - reached)
+    return int(need + ACTIVATION_FACTOR * growth + ACTIVATION_SLACK)
 
 
 # ------------------------------------------------------------------------------ before loading

@@ -23,6 +23,7 @@ from warmgate_contract.shapes import Shape
 from warmgate_devcluster import cgroups
 from warmgate_server.memory import (
     ACTIVATION_FACTOR,
+    ACTIVATION_SLACK,
     CODE_PAGES,
     Cgroup,
     PassModel,
@@ -98,19 +99,31 @@ def test_shapes_warm_smallest_first_and_each_is_predicted_from_a_model_of_the_pa
     # MiniLM's MLP: 2 x (384 + 1536) floats a token, on two workers.
     assert MINILM.activation_bytes(Shape(8, 128)) == 2 * 4 * 1024 * 3840
     assert predict([], Shape(1, 32), MINILM) is None  # the loaded model is checked before it
+    act = MINILM.activation_bytes
     measured = [(Shape(1, 32), 700 * MiB)]
-    expected = 700 * MiB + ACTIVATION_FACTOR * (
-        MINILM.activation_bytes(Shape(1, 64)) - MINILM.activation_bytes(Shape(1, 32))
-    )
-    assert predict(measured, Shape(1, 64), MINILM) == int(expected)
+    expected = 700 * MiB + ACTIVATION_FACTOR * (act(Shape(1, 64)) - act(Shape(1, 32)))
+    assert predict(measured, Shape(1, 64), MINILM) == int(expected + ACTIVATION_SLACK)
     # The issue's case: peaks that jump with the allocator, not with the shape. Two close
-    # token counts 30 MiB apart made the old straight line predict 0.90 GiB for 8x128;
-    # the model adds 3x the shape's own activations (a few MiB) to the worst measured rest.
+    # token counts 30 MiB apart made the old straight line predict 0.90 GiB for 8x128; the
+    # model adds the growth of the shape's activations (a few MiB) to the largest need.
     measured = [(Shape(1, 32), 700 * MiB), (Shape(1, 64), 730 * MiB)]
-    rest = 730 * MiB - ACTIVATION_FACTOR * MINILM.activation_bytes(Shape(1, 64))
     predicted = predict(measured, Shape(8, 128), MINILM)
-    assert predicted == int(rest + ACTIVATION_FACTOR * MINILM.activation_bytes(Shape(8, 128)))
-    assert predicted < 830 * MiB
+    growth = act(Shape(8, 128)) - act(Shape(1, 64))
+    assert predicted == int(730 * MiB + ACTIVATION_FACTOR * growth + ACTIVATION_SLACK)
+    assert predicted < 850 * MiB  # the straight line: 0.90 GiB
+    # The operator's default plan at its default 1536Mi limit (budget 1.35 GiB): 32x256 is
+    # predicted from 32x128, the largest shape measured, not from the smallest one's need plus
+    # the whole of its activations (which said 1.37 GiB; it needs about 1.1).
+    measured = [(Shape(1, 32), 600 * MiB), (Shape(8, 256), 800 * MiB), (Shape(32, 128), 950 * MiB)]
+    predicted = predict(measured, Shape(32, 256), MINILM)
+    assert predicted == int(
+        950 * MiB
+        + ACTIVATION_FACTOR * (act(Shape(32, 256)) - act(Shape(32, 128)))
+        + ACTIVATION_SLACK
+    )
+    assert predicted < 0.9 * 1536 * MiB
+    # A shape no larger than one measured is predicted at the largest need, plus the slack.
+    assert predict(measured, Shape(8, 32), MINILM) == 950 * MiB + ACTIVATION_SLACK
 
 
 def test_the_pass_model_reads_each_familys_dimensions(tmp_path: Path) -> None:
@@ -213,9 +226,9 @@ def test_each_predicted_peak_is_within_its_stated_error_of_the_measured_one(
     unlimited: dict, report
 ) -> None:
     """The prediction errs high, never more than a few percent low: the 10% margin covers
-    that (docs/server.md has the table). It is high most at the largest shapes (77% and 90%
-    at 32 x 512 here), where freed activations go back to the system instead of staying in
-    the allocator."""
+    that (docs/server.md has the table). Within 7% over up to 32 x 256 here; 59% over at
+    32 x 512, where the growth of the activations goes back to the system at once instead of
+    staying in the allocator."""
     errors = []
     for item in unlimited["shapes"]:
         if item["predicted_bytes"] is not None:
@@ -226,7 +239,7 @@ def test_each_predicted_peak_is_within_its_stated_error_of_the_measured_one(
                 f"{item['predicted_bytes'] / MiB:.0f} MiB ({errors[-1]:+.1%})"
             )
     assert len(errors) == len(unlimited["shapes"]) - 1  # all but the smallest
-    assert min(errors) > -0.05 and max(errors) < 1.5, errors
+    assert min(errors) > -0.05 and max(errors) < 1.0, errors
     assert unlimited["limit_bytes"] is None and unlimited["cut"] is None
 
 
@@ -394,6 +407,8 @@ def test_an_onnx_export_that_would_pass_the_limit_is_refused_before_it_starts(
 
 # ------------------------------------------------------------------------- the shipped examples
 EXAMPLE_STARTS = 30
+MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
+DEFAULTS_NAME = "the operator's defaults"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
@@ -425,29 +440,36 @@ def _example_servers(scratch: Path) -> dict[tuple[str, ...], tuple[int, list[str
     import yaml
 
     from warmgate_operator.apply import parse_quantity
-    from warmgate_operator.builders import server_args
+    from warmgate_operator.builders import resources, server_args
     from warmgate_operator.spec import parse_spec
 
     servers: dict[tuple[str, ...], tuple[int, list[str]]] = {}
-    for manifest in sorted(EXAMPLES.glob("*.yaml")):
-        for document in yaml.safe_load_all(manifest.read_text()):
-            if not document or document.get("kind") != "EmbeddingService":
-                continue
-            spec = parse_spec(document["spec"])
-            if spec.runtime.device != "cpu":
-                continue  # the GPU example needs a GPU
-            limit = int(parse_quantity(document["spec"]["resources"]["limits"]["memory"]))
-            model = minilm_path() if "MiniLM" in spec.model.id else _bge_small(scratch)
-            flags = [
-                arg
-                for arg in server_args(spec)
-                if not arg.startswith(
-                    ("--model=", "--port=", "--warmup-profile=", "--served-model-name=")
-                )
-                and not arg.startswith("--model-revision=")
-            ]
-            key = (f"--model={model}", *flags)
-            servers.setdefault(key, (limit, []))[1].append(manifest.name)
+    # A user's first manifest names a model and nothing else: the operator's default plan
+    # (1, 8, 32 x 32 to 256) under its default limit.
+    defaults = {"kind": "EmbeddingService", "spec": {"model": {"id": MINILM_ID}}}
+    documents = [(DEFAULTS_NAME, defaults)] + [
+        (manifest.name, document)
+        for manifest in sorted(EXAMPLES.glob("*.yaml"))
+        for document in yaml.safe_load_all(manifest.read_text())
+    ]
+    for name, document in documents:
+        if not document or document.get("kind") != "EmbeddingService":
+            continue
+        spec = parse_spec(document["spec"])
+        if spec.runtime.device != "cpu":
+            continue  # the GPU example needs a GPU
+        limit = int(parse_quantity(resources(spec)["limits"]["memory"]))
+        model = minilm_path() if "MiniLM" in spec.model.id else _bge_small(scratch)
+        flags = [
+            arg
+            for arg in server_args(spec)
+            if not arg.startswith(
+                ("--model=", "--port=", "--warmup-profile=", "--served-model-name=")
+            )
+            and not arg.startswith("--model-revision=")
+        ]
+        key = (f"--model={model}", *flags)
+        servers.setdefault(key, (limit, []))[1].append(name)
     return servers
 
 
@@ -456,13 +478,16 @@ def test_every_shipped_example_starts_30_times_within_its_limit_never_refused_or
     tmp_path: Path, report
 ) -> None:
     """The issue's false refusal: examples/minilm.yaml's 1 GiB pods were refused at 0.90 GiB
-    "needed" while other processes loaded the cores. Each CPU example's server starts 30
+    "needed" while other processes loaded the cores, and a manifest of a model id alone (the
+    operator's default plan and 1536Mi limit) at 32x256, "about 1.37 GiB" of a 1.35 GiB
+    budget, where it needs 1.1-1.2. Each CPU example's server (and the defaults') starts 30
     times, two at once (both cores busy, as in a rollout), each in a fresh memory cgroup of
     its manifest's limit: every start turns ready with its whole plan, none is refused, and
     the kernel kills none."""
     servers = _example_servers(tmp_path / "bge-small")
     assert {name for _, names in servers.values() for name in names} >= {
-        "minilm.yaml", "model-baked.yaml", "model-from-image.yaml", "model-from-pvc.yaml"
+        "minilm.yaml", "model-baked.yaml", "model-from-image.yaml", "model-from-pvc.yaml",
+        DEFAULTS_NAME,
     }  # fmt: skip
 
     def start(key: tuple[str, ...], limit: int, run: int) -> dict:
