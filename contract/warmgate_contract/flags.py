@@ -176,6 +176,15 @@ FLAGS: tuple[Flag, ...] = (
         "GPU's, less a tenth): refuse (the warmup fails, naming it) or fit (the plan is cut "
         "there)",
     ),
+    Flag(
+        "--warmup-cpus",
+        "warmup_cpus",
+        float,
+        0.0,
+        "CPUs the warmup may use on average while the node's other processes are busy (the "
+        "pod's CPU request): it sleeps between passes to stay within them, leaving the node's "
+        "other cores to the pods serving beside it; 0: never paced",
+    ),
     Flag("--drain-seconds", "drain_seconds", float, 15.0, "drain time after SIGTERM"),
     Flag(
         "--request-timeout",

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kubernetes.utils import parse_quantity
+
 from warmgate_contract.flags import BY_DEST, render_args
 from warmgate_contract.names import (
     API_VERSION,
@@ -252,6 +254,7 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
             "warmup": warmup.enabled,
             # refuse is the server's default: left out, so existing pod templates do not change.
             "memory_policy": None if warmup.memory_policy == "refuse" else warmup.memory_policy,
+            "warmup_cpus": warmup_cpus(spec),
             "drain_seconds": spec.rollout.drain_seconds,
             "request_timeout": batching.request_timeout_seconds,
             "body_timeout": batching.body_timeout_seconds,
@@ -281,6 +284,22 @@ def resources(spec: EmbeddingServiceSpec) -> dict[str, dict[str, str]]:
     if limits:
         out["limits"] = limits
     return out
+
+
+def warmup_cpus(spec: EmbeddingServiceSpec) -> float | None:
+    """The CPUs a pod's warmup may use on average: its CPU request (a request left out is the
+    limit's, as Kubernetes fills it in), so that a warming pod without a CPU limit does not take
+    the node's idle cores from the pods serving beside it (server: pacing.py). None on a GPU,
+    whose warmup waits on the device, not the CPUs, and with `warmup.pace: none`."""
+    if spec.runtime.device != "cpu" or spec.warmup.pace == "none":
+        return None
+    given = resources(spec)
+    cpu = given["requests"].get("cpu") or given.get("limits", {}).get("cpu")
+    try:
+        cores = float(parse_quantity(cpu)) if cpu is not None else 0.0
+    except (ValueError, ArithmeticError):  # the CRD's schema admits quantities only
+        return None
+    return cores if cores > 0 else None
 
 
 def measured_startup_budget(startup_seconds: float | None) -> int:

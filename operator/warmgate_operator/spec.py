@@ -147,6 +147,9 @@ class WarmupSpec:
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     sequence_buckets: tuple[int, ...] = (32, 64, 128, 256)
     memory_policy: str = "refuse"
+    pace: str = "request"
+    """request: the warmup uses on average the pod's CPU request (builders.warmup_cpus); none:
+    unpaced."""
     observed_traffic: ObservedTrafficSpec = field(default_factory=ObservedTrafficSpec)
 
 
@@ -469,6 +472,7 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         batch_sizes=_ints(w, "batchSizes", dw.batch_sizes, "spec.warmup"),
         sequence_buckets=_ints(w, "sequenceBuckets", dw.sequence_buckets, "spec.warmup"),
         memory_policy=str(_get(w, "memoryPolicy", dw.memory_policy)),
+        pace=str(_get(w, "pace", dw.pace)),
         observed_traffic=ObservedTrafficSpec(
             enabled=bool(_get(o, "enabled", do.enabled)),
             max_shapes=_int(o, "maxShapes", do.max_shapes, "spec.warmup.observedTraffic"),

@@ -92,6 +92,9 @@ class ServerConfig:
     """A planned shape whose predicted memory peak is past the budget (the container's limit,
     or the GPU's memory, less 10%): refuse fails the warmup there, naming it; fit cuts the plan
     there and lowers the batcher's token budget and largest batch to the warmed shapes."""
+    warmup_cpus: float = DEFAULTS["warmup_cpus"]
+    """CPUs the warmup may use on average while the node's other processes are busy
+    (pacing.CpuPacer; the operator passes the pod's CPU request); 0: never paced."""
     drain_seconds: float = DEFAULTS["drain_seconds"]
     """After SIGTERM: how long to finish in-flight and queued requests before exiting."""
     request_timeout: float = DEFAULTS["request_timeout"]
@@ -309,6 +312,8 @@ def validate(config: ServerConfig) -> None:
         problems.append("--max-concurrent-requests must be at least 1")
     if config.payload_limit < 1024:
         problems.append("--payload-limit must be at least 1024 bytes")
+    if config.warmup_cpus < 0:
+        problems.append("--warmup-cpus must be >= 0 (0: unpaced)")
     if config.drain_seconds < 0:
         problems.append("--drain-seconds must be >= 0")
     if config.openai_token_ids not in TOKEN_ID_KINDS:

@@ -26,6 +26,7 @@ from .loading import LoadedModel
 from .memory import probe_for
 from .metrics import Metrics
 from .openai_ids import OpenAITokenIds
+from .pacing import CpuPacer
 from .pre import Preprocessor
 from .runner import ModelRunner
 from .scheduler import Scheduler, StageTimes
@@ -163,6 +164,7 @@ class Engine:
             memory=self.memory,
             memory_policy=config.memory_policy,
             graphs_required=config.cuda_graphs == "on",
+            pacer=CpuPacer(config.warmup_cpus if self.runner.loaded.device.type == "cpu" else 0),
         )
         await warmup.run(lifecycle, rule or default_rule(self.runner.loaded.device.type))
         cut = lifecycle.memory.cut if lifecycle.memory is not None else None

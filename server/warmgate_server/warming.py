@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from warmgate_contract.report import (
     MEMORY_MARGIN,
@@ -29,15 +29,18 @@ from .errors import MemoryExceeded, ModelLoadError
 from .lifecycle import Lifecycle
 from .memory import ACTIVATION_FACTOR, PassModel, Probe, predict, warm_order
 from .metrics import Metrics
+from .pacing import CpuPacer
 from .warmup import SettleRule, should_stop, steady_seconds
 from .workers import Workers
 
 LONG_PASS_SECONDS = 0.5
-"""On a CPU, a shape whose whole pass is predicted to take longer than this warms with the
-packed pass's first layer only (Warmup._layers_for): on 2 cores an XLM-R of multilingual-e5-
-base's shape takes about 30 s for a pass of 32 x 256, twice per worker, which was most of its
-time to /ready. After one layer a worker, every shape's first request was within 1.10 of its
-steady time, 32 x 256 included (docs/benchmarks.md, make bench-warm)."""
+"""On a CPU every shape but the first warms with the packed pass's first layer only
+(Warmup._layers_for), and one whose whole pass is predicted to take longer than this runs it
+once, cold, its steady time that run's scaled to every layer (an upper bound); a shorter one runs
+it twice, the second timed. On 2 cores an XLM-R of multilingual-e5-base's shape takes about 30 s
+for a pass of 32 x 256, twice per worker, which was most of its time to /ready; after one layer
+a worker, every shape's first request was within 1.10 of its steady time, 32 x 256 included
+(docs/benchmarks.md, make bench-warm)."""
 
 
 def _gib(size: int | None) -> str:
@@ -57,6 +60,8 @@ class Warmup:
     graphs_required: bool = False
     """--cuda-graphs on: a capture that fails fails the warmup (auto: every shape is served
     eagerly instead)."""
+    pacer: CpuPacer = field(default_factory=lambda: CpuPacer(0))
+    """Holds the warmup's passes to the pod's CPU share (--warmup-cpus; on a CPU only)."""
 
     async def run(self, lifecycle: Lifecycle, rule: SettleRule) -> None:
         """A shape counts as warm once all workers have settled it, and its steady latency is
@@ -88,11 +93,15 @@ class Warmup:
             if budget is not None and loaded > budget:
                 stop = f"the loaded model alone took {_gib(loaded)}, above the budget"
             elif budget is not None and predicted is not None and predicted > budget:
+                largest = max(measured, key=lambda item: item[1], default=None)
+                grown = predicted - (largest[1] if largest else 0)
                 stop = (
-                    f"shape {shape.key} would need about {_gib(predicted)} (the most that its "
-                    f"pass's activations left unexplained in the shapes warmed before it, plus "
-                    f"{ACTIVATION_FACTOR:g}x its own: "
-                    f"{_gib(ACTIVATION_FACTOR * model.activation_bytes(shape))}), above the budget"
+                    f"shape {shape.key} would need about {_gib(predicted)} (the "
+                    f"{_gib(largest[1] if largest else None)} measured at "
+                    f"{largest[0].key if largest else '?'} plus {_gib(grown)}: "
+                    f"{ACTIVATION_FACTOR:g}x the growth of its pass's activations, "
+                    f"{_gib(model.activation_bytes(shape))} in all, and the allocator's steps), "
+                    "above the budget"
                 )
             else:
                 probe.reset_peak()
@@ -142,24 +151,40 @@ class Warmup:
         )
         lifecycle.memory = report
         lifecycle.warmup_seconds = time.perf_counter() - started
+        if self.pacer.cpus > 0:
+            pacer = self.pacer
+            log.info(
+                "warmup paced to %g CPUs while the node was busy (%.1fs of %.1fs; its other "
+                "processes used %.2f CPUs on average): %.1fs spent waiting",
+                pacer.cpus,
+                pacer.busy_seconds,
+                lifecycle.warmup_seconds,
+                pacer.others_cpu_seconds / pacer.measured_seconds if pacer.measured_seconds else 0,
+                pacer.waited_seconds,
+            )
         self.metrics.warmup_duration.set(lifecycle.warmup_seconds)
         self._export(report)
 
     def _layers_for(self, shape: Shape, lifecycle: Lifecycle) -> int | None:
-        """How many of the packed pass's layers warm `shape`: on a CPU, one where a whole pass
-        is predicted to take more than LONG_PASS_SECONDS (every layer runs the same kernels on
-        the same shapes, and its activations are every layer's: one layer pays the first-time
-        costs and reaches the memory need of them all), else all (None). The prediction is the
-        largest warmed shape's steady time, scaled by the tokens."""
+        """How many of the packed pass's layers warm `shape`: on a CPU, one for every shape
+        but the first (the plan's smallest, which the warm gate times: whole passes), else all
+        (None). Every layer runs the same kernels on the same shapes, and its activations are
+        every layer's: one layer pays the shape's first-time costs (its allocator growth and
+        attention at its length; oneDNN's kernels per row count are made apart, and the thread
+        teams' first use by the first shape) and reaches the memory need of them all."""
         runner = self.workers.runner
         count = runner.layer_count
         if count is None or count < 2 or runner.loaded.device.type != "cpu":
             return None
+        return 1 if lifecycle.warmed else None
+
+    def _long(self, shape: Shape, lifecycle: Lifecycle) -> bool:
+        """Whether a whole pass of `shape` is predicted to take more than LONG_PASS_SECONDS:
+        the largest warmed shape's steady time, scaled by the tokens."""
         done = max(lifecycle.warmed.values(), key=lambda item: item.shape.tokens, default=None)
         if done is None:
-            return None
-        predicted = done.steady_ms / 1000.0 * shape.tokens / done.shape.tokens
-        return 1 if predicted > LONG_PASS_SECONDS else None
+            return False
+        return done.steady_ms / 1000.0 * shape.tokens / done.shape.tokens > LONG_PASS_SECONDS
 
     async def _warm_shape(
         self, lifecycle: Lifecycle, shape: Shape, rule: SettleRule, layers: int | None = None
@@ -170,8 +195,12 @@ class Warmup:
         raises; a CPU past its limit is killed instead)."""
         workers = self.workers
         batches = await workers.run(workers.runner.warmup_inputs, shape)
-        if layers is not None:  # the cold run warms; a second one would only time it
+        if layers is not None and self._long(shape, lifecycle):
+            # The cold run warms; a second would only time it, and the mixed-length batch runs
+            # the same kernels at about as many rows (its first request was within 1.10 of
+            # steady without it: docs/benchmarks.md).
             rule = replace(rule, max_runs=1)
+            batches = batches[:1]
         shape_started = time.perf_counter()
         tasks = [
             asyncio.create_task(self._settle(shape, batches, worker, rule, layers=layers))
@@ -256,12 +285,14 @@ class Warmup:
         batch's threads."""
         workers = self.workers
         started = time.perf_counter()
+        await self.pacer.admit()
         runs = [
             workers.run(workers.runner.warm_kernels, None, worker=worker)
             for worker in range(workers.count)
         ]
         counts = await asyncio.gather(*runs)
         if workers.solo_threads:
+            await self.pacer.admit()
             counts.append(await workers.run(workers.runner.warm_kernels, workers.solo_threads))
         if any(counts):
             log.info(
@@ -316,9 +347,11 @@ class Warmup:
         once (another route through the same shape, not timed)."""
         seconds: list[float] = []
         while not should_stop(seconds, rule):
+            await self.pacer.admit()
             result = await self.workers.execute(batches[0], shape, worker, solo=solo, layers=layers)
             seconds.append(result.seconds)
         for inputs in batches[1:]:
+            await self.pacer.admit()
             await self.workers.execute(inputs, shape, worker, solo=solo, layers=layers)
         return seconds
 

@@ -181,6 +181,7 @@ def test_server_flags_follow_the_contract() -> None:
         "--warmup-profile=/etc/warmgate/profile/profile.json",
         "--pad-batch",
         "--warmup",
+        "--warmup-cpus=0.1",
         "--drain-seconds=5",
         "--request-timeout=60",
         "--body-timeout=15",
@@ -703,3 +704,22 @@ def test_at_zero_the_deployment_runs_no_pod_and_the_hpa_keeps_one_to_max() -> No
     assert awake.hpa == asleep.hpa
     # Asleep and awake run the same pods: waking starts no new template.
     assert awake.deployment["spec"]["template"] == asleep.deployment["spec"]["template"]
+
+
+def test_a_cpu_pod_warms_within_its_cpu_request_unless_the_spec_says_none() -> None:
+    """The warmup of a pod without a CPU limit would take every idle core of the node from the
+    pods serving beside it: the server is told the pod's request (server: pacing.py)."""
+
+    def cpus(**spec: dict) -> list[str]:
+        raw = example_spec()
+        raw.update(spec)
+        args = container(build_children(parse_spec(raw), OWNER, "img").deployment)["args"]
+        return [arg for arg in args if arg.startswith("--warmup-cpus")]
+
+    assert cpus() == ["--warmup-cpus=0.1"]  # the example's 100m request
+    assert cpus(resources={}) == ["--warmup-cpus=0.5"]  # the operator's default request
+    # A limit alone is the request too (Kubernetes fills the request in from it).
+    assert cpus(resources={"limits": {"cpu": "2", "memory": "1Gi"}}) == ["--warmup-cpus=2"]
+    assert cpus(resources={"requests": {"cpu": "1500m"}}) == ["--warmup-cpus=1.5"]
+    assert cpus(warmup={"pace": "none"}) == []
+    assert cpus(runtime={"device": "cuda"}) == []  # a GPU's warmup waits on the device
