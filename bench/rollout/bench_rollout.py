@@ -12,6 +12,10 @@ reload with the warm gate and warmup off as the control, side by side.
 Each pod requests 500m CPU (the operator's default request) with the same limit, so that the
 two serving pods and the surge pod of the rollout (1.5 CPUs) fit the 2-CPU node beside its
 add-ons; the scheduler refuses more. The first service is deleted before the control runs.
+`--cpu-limit ''` leaves the pods without a CPU limit (as examples/minilm.yaml does): a warming
+pod may then take the node's idle cores, and `--compare-pace` runs the gated reload again with
+`warmup.pace: none` beside the default (`request`: the warmup held to the pod's CPU request).
+`--default-plan` warms the operator's default plan (12 shapes) instead of the 4-shape one.
 
 Results: bench/results/rollout.json and a markdown table on stdout (copied into
 docs/benchmarks.md by hand, with the machine it ran on).
@@ -144,11 +148,33 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
-def run_reload(kube: Kube, name: str, rate: float, gate: bool, cpu: str) -> dict:
-    overrides: dict = {} if gate else {"warmup": {"enabled": False}, "rollout": {"warmGate": False}}
-    if cpu:  # each pod gets (and may use) `cpu` CPUs, as in a production manifest
-        overrides["resources"] = {"requests": {"cpu": cpu}, "limits": {"cpu": cpu}}
-    kube.apply(embedding_service(name, "v1", **overrides))
+def run_reload(
+    kube: Kube,
+    name: str,
+    rate: float,
+    gate: bool,
+    cpu: str,
+    cpu_limit: str | None = None,
+    default_plan: bool = False,
+    pace: str = "request",
+) -> dict:
+    overrides: dict = (
+        {"warmup": {"pace": pace}}
+        if gate
+        else {"warmup": {"enabled": False}, "rollout": {"warmGate": False}}
+    )
+    limit = cpu if cpu_limit is None else cpu_limit
+    if cpu or limit:  # each pod gets `cpu` CPUs and may use `limit` ('': no limit)
+        overrides["resources"] = {
+            **({"requests": {"cpu": cpu}} if cpu else {}),
+            **({"limits": {"cpu": limit}} if limit else {}),
+        }
+    service = embedding_service(name, "v1", **overrides)
+    if default_plan:  # the operator's default plan and batching, not the e2e tests' small one
+        for key in ("batchSizes", "sequenceBuckets"):
+            service["spec"]["warmup"].pop(key)
+        service["spec"].pop("batching")
+    kube.apply(service)
     wait_ready(kube, name, "v1", replicas=2, timeout=600)
     url = service_url(kube, name)
     watch = StatusWatch(kube.devcluster, kube.namespace, name)
@@ -166,14 +192,21 @@ def run_reload(kube: Kube, name: str, rate: float, gate: bool, cpu: str) -> dict
         watch.close()
     wait_ready(kube, name, "v2", replicas=2, timeout=60)  # and by the e2e tests' rule
     warmups = pod_warmups(kube, name)
+    pacing = {
+        pod: [line for line in kube.run("logs", pod).stdout.splitlines() if "warmup paced" in line]
+        for pod in warmups
+    }
     # Its pods' CPU goes back to the node before the next run is scheduled.
     kube.run("delete", "embeddingservice", name, "--wait=true")
     wait_until(lambda: not kube.pods(name), 120, f"{name}'s pods to be gone")
     report = load.report
     return {
         "warm_gate_and_warmup": gate,
+        "pace": pace if gate else None,
         "rate_per_s": rate,
         "pod_cpu": cpu or None,
+        "pod_cpu_limit": limit or None,
+        "default_plan": default_plan,
         "rollout_seconds": round(done - changed, 1),
         "before": phase_stats(report, 0, changed),
         "during": phase_stats(report, changed, done),
@@ -182,6 +215,7 @@ def run_reload(kube: Kube, name: str, rate: float, gate: bool, cpu: str) -> dict
         "total_cold": len(report.cold),
         "errors": sorted({s.error or str(s.status) for s in report.failed})[:5],
         "new_pod_warmup_seconds": warmups,
+        "new_pod_pacing": pacing,
         # The slowest requests, with their time from the spec change: where the tail comes from.
         "slowest": [
             {
@@ -199,21 +233,29 @@ def run_reload(kube: Kube, name: str, rate: float, gate: bool, cpu: str) -> dict
 
 def markdown(results: list[dict]) -> str:
     lines = [
-        "| gate + warmup | phase | requests | failed | cold | p50 ms | p99 ms |",
-        "|---|---|---|---|---|---|---|",
+        "| gate + warmup | warmup.pace | phase | requests | failed | cold | p50 ms | p99 ms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         for phase in ("before", "during", "after"):
             stats = result[phase]
             lines.append(
-                f"| {'on' if result['warm_gate_and_warmup'] else 'off'} | {phase} | "
+                f"| {'on' if result['warm_gate_and_warmup'] else 'off'} | "
+                f"{result['pace'] or ''} | {phase} | "
                 f"{stats['requests']} | {stats['failed']} | {stats['cold']} | "
                 f"{stats['p50_ms']} | {stats['p99_ms']} |"
             )
     lines.append("")
     for result in results:
+        ratio = (
+            result["during"]["p99_ms"] / result["before"]["p99_ms"]
+            if result["during"]["p99_ms"] and result["before"]["p99_ms"]
+            else None
+        )
         lines.append(
-            f"- gate {'on' if result['warm_gate_and_warmup'] else 'off'}: rollout "
+            f"- gate {'on' if result['warm_gate_and_warmup'] else 'off'}"
+            f"{', pace ' + result['pace'] if result['pace'] else ''}: p99 during / before "
+            f"{'?' if ratio is None else f'{ratio:.2f}'}x; rollout "
             f"{result['rollout_seconds']} s from spec change to done; new pods' warmup seconds "
             f"{result['new_pod_warmup_seconds']}"
         )
@@ -226,6 +268,22 @@ def main() -> int:
     parser.add_argument("--no-control", action="store_true", help="skip the gate-off control")
     parser.add_argument(
         "--cpu", default="500m", help="each pod's CPU request and limit ('': the default)"
+    )
+    parser.add_argument(
+        "--cpu-limit",
+        default=None,
+        help="each pod's CPU limit, if not --cpu's ('': none, as in examples/minilm.yaml: the pod "
+        "may take the node's idle cores)",
+    )
+    parser.add_argument(
+        "--compare-pace",
+        action="store_true",
+        help="also run the gated reload with warmup.pace: none (the warmup on every idle core)",
+    )
+    parser.add_argument(
+        "--default-plan",
+        action="store_true",
+        help="the operator's default warmup plan and batching (12 shapes), not the 4-shape plan",
     )
     args = parser.parse_args()
 
@@ -242,9 +300,12 @@ def main() -> int:
         kube = Kube(handle, "bench")
         operator = NamespacedOperator(handle, "bench", work / "operator.log")
         operator.start()
-        results = [run_reload(kube, "gated", args.rate, gate=True, cpu=args.cpu)]
+        shared = {"cpu": args.cpu, "cpu_limit": args.cpu_limit, "default_plan": args.default_plan}
+        results = [run_reload(kube, "gated", args.rate, gate=True, **shared)]
+        if args.compare_pace:
+            results.append(run_reload(kube, "unpaced", args.rate, True, pace="none", **shared))
         if not args.no_control:
-            results.append(run_reload(kube, "plain", args.rate, gate=False, cpu=args.cpu))
+            results.append(run_reload(kube, "plain", args.rate, gate=False, **shared))
     finally:
         if operator is not None:
             operator.stop()
