@@ -116,9 +116,11 @@ FLAGS: tuple[Flag, ...] = (
         "--trust-remote-code",
         "trust_remote_code",
         parse_bool,
-        False,
-        "run the model folder's own Python (config.json's auto_map, custom modules): without "
-        "it such a folder is refused",
+        None,
+        "for a model folder that points at its own Python (config.json's or "
+        "tokenizer_config.json's auto_map, a custom module): on runs it, off serves "
+        "transformers' own class for its model type instead (its vectors may differ from the "
+        "author's); unset refuses such a folder, naming both choices",
     ),
     Flag("--max-input-length", "max_input_length", int, None, "max tokens per input"),
     Flag("--max-batch-size", "max_batch_size", int, 32, "max inputs per batch"),

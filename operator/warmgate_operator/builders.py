@@ -227,8 +227,8 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
             "normalize": model.normalize,
             "max_input_length": model.max_input_length,
             "auto_truncate": model.auto_truncate,
-            # Off is the server's default: left out, so existing pod templates do not change.
-            "trust_remote_code": True if model.trust_remote_code else None,
+            # Unset is the server's default (a folder with custom code is refused, asking).
+            "trust_remote_code": model.trust_remote_code,
             "openai_token_ids": model.openai_token_ids,
             "default_prompt_name": model.default_prompt_name,
             "default_prompt": model.default_prompt,

@@ -104,7 +104,8 @@ class ModelSpec:
     normalize: bool | None = None
     max_input_length: int | None = None
     auto_truncate: bool = False
-    trust_remote_code: bool = False
+    trust_remote_code: bool | None = None
+    """Unset: a model folder that points at custom code is refused, naming both choices."""
     openai_token_ids: str = "cl100k_base"
     default_prompt_name: str | None = None
     default_prompt: str | None = None
@@ -424,7 +425,7 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         normalize=_optional_bool(_get(model_raw, "normalize", None)),
         max_input_length=_int(model_raw, "maxInputLength", None, "spec.model"),
         auto_truncate=bool(_get(model_raw, "autoTruncate", False)),
-        trust_remote_code=bool(_get(model_raw, "trustRemoteCode", False)),
+        trust_remote_code=_optional_bool(_get(model_raw, "trustRemoteCode", None)),
         openai_token_ids=_get(model_raw, "openaiTokenIds", "cl100k_base"),
         default_prompt_name=_get(model_raw, "defaultPromptName", None),
         default_prompt=_get(model_raw, "defaultPrompt", None),

@@ -55,9 +55,10 @@ class ServerConfig:
     normalize: bool | None = DEFAULTS["normalize"]
     """Default L2 normalisation (TEI's `normalize` field overrides it per request); None: the
     model folder's own, else yes."""
-    trust_remote_code: bool = DEFAULTS["trust_remote_code"]
-    """Run the model folder's own Python (auto_map classes, custom modules and activations);
-    without it a folder that needs custom code is refused at start."""
+    trust_remote_code: bool | None = DEFAULTS["trust_remote_code"]
+    """For a folder that points at its own Python (auto_map classes, custom modules and
+    activations): True runs it; False serves transformers' own class for its model type (if it
+    loads the checkpoint exactly); None (unset) refuses the folder at start, naming both."""
     max_input_length: int | None = DEFAULTS["max_input_length"]
     """Tokens per input, special tokens included (None: the model's, up to the largest bucket)."""
     max_batch_size: int = DEFAULTS["max_batch_size"]

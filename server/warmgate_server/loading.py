@@ -146,12 +146,15 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
     except modelconfig.ModelConfigError as error:
         raise ModelLoadError(str(error)) from None
     dtype = _pick_dtype(config.dtype, device, folder.model_type)
-    # Code the folder points at: without --trust-remote-code, only transformers' own class
-    # for its model type may serve it, and only if it loads the checkpoint exactly and does
-    # not attend causally (a decoder's own code may attend both ways: gte-Qwen2).
+    # Code the folder points at is always a decision: unset, the folder is refused, naming
+    # both choices; --no-trust-remote-code serves transformers' own class for its model type
+    # (the padded pass: the packed one refuses a folder with auto_map), and only if it loads
+    # the checkpoint exactly.
     custom = [] if config.trust_remote_code else _custom_code(path)
+    if custom and config.trust_remote_code is None:
+        raise _custom_code_asked(config, custom, folder.model_type)
     if any(item.startswith("tokenizer_config.json") for item in custom):
-        raise _custom_code_refused(config, custom)
+        raise _custom_code_refused(config, custom, "the tokenizer is the folder's own code")
     tokenizer = _load_tokenizer(config, path)
     packed, why_not = _load_packed(config, path, device, dtype, folder.model_type)
     model = None
@@ -167,21 +170,19 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
                 raise _custom_code_refused(config, custom, str(error)) from None
             raise
         if custom:
-            if _attends_causally(model):
-                raise _custom_code_refused(
-                    config,
-                    custom,
-                    f"{type(model).__name__} loads the checkpoint but attends causally, and a "
-                    "decoder's own code often attends both ways (gte-Qwen2 does): the weights "
-                    "alone cannot tell which vectors it was trained to give",
-                )
             log.warning(
-                "%s names custom code (%s), but transformers' own %s loads its checkpoint "
-                "exactly: serving it with that class",
+                "%s names custom code (%s); --no-trust-remote-code: serving it with "
+                "transformers' own %s, which loads its checkpoint exactly (its vectors may "
+                "differ from the author's code's%s)",
                 path,
                 "; ".join(custom),
                 type(model).__name__,
+                ": it attends causally, and a decoder's own code often attends both ways, as "
+                "gte-Qwen2's does"
+                if _attends_causally(model)
+                else "",
             )
+
         positions = _usable_positions(model)
         hidden_size = int(model.config.hidden_size)
     else:
@@ -401,16 +402,27 @@ def _custom_code(path: Path) -> list[str]:
     return found
 
 
-def _custom_code_refused(config: ServerConfig, custom: list[str], why: str = "") -> ModelLoadError:
-    """The refusal of a folder that points at custom code (`why`: what transformers' own
-    class for its model type could not do with the checkpoint)."""
-    reason = "; ".join(custom)
-    if why:
-        reason += (
-            f" (transformers' own class for it: {why.removeprefix(f'--model {config.model}: ')})"
-        )
+def _custom_code_asked(
+    config: ServerConfig, custom: list[str], model_type: str | None
+) -> ModelLoadError:
+    """The refusal of a folder that points at custom code while nobody has decided."""
     return ModelLoadError(
-        f"--model {config.model}: the model's folder points at custom code ({reason}); it "
-        "runs only when the EmbeddingService sets spec.model.trustRemoteCode: true "
-        "(--trust-remote-code), which runs the model's own Python in the pod"
+        f"--model {config.model}: the model's folder points at custom code "
+        f"({'; '.join(custom)}), and spec.model.trustRemoteCode (--trust-remote-code) is "
+        "unset: decide. true runs the model's own Python code in the pod (only for code you "
+        "trust); false serves transformers' own class for its model type "
+        f"({model_type or 'unnamed'}) without that code, if it loads the checkpoint exactly: "
+        "its vectors may differ from the ones the author's code gives"
+    )
+
+
+def _custom_code_refused(config: ServerConfig, custom: list[str], why: str) -> ModelLoadError:
+    """The refusal of a folder that points at custom code with --no-trust-remote-code, where
+    transformers' own class cannot serve it (`why`)."""
+    return ModelLoadError(
+        f"--model {config.model}: the model's folder points at custom code "
+        f"({'; '.join(custom)}), and spec.model.trustRemoteCode (--trust-remote-code) is false, "
+        f"but transformers' own class for it cannot serve it: "
+        f"{why.removeprefix(f'--model {config.model}: ')}. Set spec.model.trustRemoteCode: "
+        "true to run the model's own Python code in the pod"
     )

@@ -305,7 +305,7 @@ def _transformer_settings(folder: Path, path: str) -> tuple[bool, int | None]:
     return bool(config.get("do_lower_case")), length if isinstance(length, int) else None
 
 
-def _dense(folder: Path, path: str, trust_remote_code: bool) -> DenseModule:
+def _dense(folder: Path, path: str, trust_remote_code: bool | None) -> DenseModule:
     relative = f"{path}/config.json"
     config = _required_json(folder / path / "config.json", relative)
     for key in ("module_input_name", "module_output_name"):
@@ -324,7 +324,8 @@ def _dense(folder: Path, path: str, trust_remote_code: bool) -> DenseModule:
     if not activation.startswith("torch.") and not trust_remote_code:
         raise ModelConfigError(
             f"{relative}: activation_function {activation!r} is custom code: set "
-            "spec.model.trustRemoteCode (--trust-remote-code) to run it"
+            "spec.model.trustRemoteCode: true (--trust-remote-code) to run it (transformers "
+            "has no class of its own for it)"
         )
     weights = next(
         (
@@ -347,7 +348,7 @@ def _dense(folder: Path, path: str, trust_remote_code: bool) -> DenseModule:
     )
 
 
-def read_folder(folder: Path, trust_remote_code: bool = False) -> FolderSettings:
+def read_folder(folder: Path, trust_remote_code: bool | None = None) -> FolderSettings:
     """The folder's own settings; ModelConfigError for whatever this server cannot reproduce."""
     modules = _module_list(folder)
     st_config = _read_json(folder / "config_sentence_transformers.json") or {}

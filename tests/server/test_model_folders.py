@@ -198,6 +198,10 @@ async def test_a_tokenizer_of_the_folders_own_code_needs_trust_remote_code(
     assert "tokenizer_config.json auto_map AutoTokenizer" in error, error
     assert "tokenization_tiny.TinyTokenizer" in error, error
     assert "spec.model.trustRemoteCode" in error, error
+    _client, refused = await serve(aiohttp_client, folder, "--no-trust-remote-code")
+    error = _refused(refused)
+    assert "is false, but transformers' own class for it cannot serve it" in error, error
+    assert "the tokenizer is the folder's own code" in error, error
 
     expected = reference(folder, zoo.TEXTS, trust_remote_code=True)
     plain = reference(zoo.build("bert-mean", "current", zoo_root), zoo.TEXTS)
@@ -277,31 +281,42 @@ async def test_a_dense_module_whose_weights_do_not_fit_it_is_refused_with_their_
         assert expected in error, (name, error)
 
 
-async def test_custom_code_whose_checkpoint_the_builtin_class_loads_exactly_is_served(
+async def test_custom_code_is_a_decision_unset_refuses_naming_both_choices_false_serves_builtin(
     aiohttp_client, zoo_root: Path, tmp_path: Path
 ) -> None:
-    """config.json names custom code (auto_map) but also a model type transformers ships
-    whose class loads every weight of the checkpoint: that class serves it without the
-    field (nothing random, nothing of the folder's own runs), as sentence-transformers
-    without trust_remote_code loads it."""
+    """config.json names custom code (auto_map) and a model type transformers ships whose
+    class loads every weight of the checkpoint. Unset, the folder is refused with a message
+    that names both choices (the issue's case: a subclass with the same weights was served as
+    transformers' class without asking, and its own code's vectors differed); with
+    --no-trust-remote-code that class serves it, as sentence-transformers without
+    trust_remote_code loads it."""
     folder = copy_of(zoo.build("bert-mean", "current", zoo_root), tmp_path / "model")
     config = json.loads((folder / "config.json").read_text())
     config["auto_map"] = {"AutoModel": "modeling_missing.NotShipped"}
     (folder / "config.json").write_text(json.dumps(config))
+    _client, ready = await serve(aiohttp_client, folder)
+    error = _refused(ready)
+    assert "config.json auto_map AutoModel: modeling_missing.NotShipped" in error, error
+    assert "spec.model.trustRemoteCode (--trust-remote-code) is unset" in error, error
+    assert "true runs the model's own Python code" in error, error
+    assert "false serves transformers' own class for its model type (bert)" in error, error
+    assert "vectors may differ" in error, error
     expected = reference(folder, zoo.TEXTS)
-    client, ready = await serve(aiohttp_client, folder)
+    client, ready = await serve(aiohttp_client, folder, "--no-trust-remote-code")
     assert ready["phase"] == "ready", ready.get("error")
     assert ready["forward"]["pass"] == "padded"  # transformers' own BertModel
     assert cosine(await embed(client, zoo.TEXTS), expected).min() >= MIN_COSINE
 
 
-async def test_custom_code_on_a_decoder_is_refused_though_the_builtin_class_loads_it(
-    aiohttp_client, zoo_root: Path, tmp_path: Path
+async def test_custom_code_on_a_decoder_is_asked_and_false_serves_the_builtin_decoder(
+    aiohttp_client, zoo_root: Path, tmp_path: Path, caplog
 ) -> None:
     """A decoder's checkpoint that transformers' own class loads exactly may still be
-    served wrong by it: gte-Qwen2's own code attends both ways, Qwen2Model causally, with the
-    same weights. So custom code on a class that attends causally is refused without the
-    field, naming why, instead of served as the built-in decoder."""
+    served differently by it: gte-Qwen2's own code attends both ways, Qwen2Model causally,
+    with the same weights. Unset, it is refused, asking; false serves the built-in decoder
+    and the log says it attends causally where the author's code may not."""
+    import logging
+
     folder = copy_of(zoo.build("qwen3", "current", zoo_root), tmp_path / "model")
     config = json.loads((folder / "config.json").read_text())
     config["auto_map"] = {"AutoModel": "modeling_qwen.Qwen2Model"}
@@ -309,8 +324,12 @@ async def test_custom_code_on_a_decoder_is_refused_though_the_builtin_class_load
     _client, ready = await serve(aiohttp_client, folder)
     error = _refused(ready)
     assert "config.json auto_map AutoModel: modeling_qwen.Qwen2Model" in error, error
-    assert "Qwen3Model loads the checkpoint but attends causally" in error, error
-    assert "spec.model.trustRemoteCode: true" in error, error
+    assert "is unset: decide" in error, error
+    with caplog.at_level(logging.WARNING, logger="warmgate_server.loading"):
+        _client, ready = await serve(aiohttp_client, folder, "--no-trust-remote-code")
+    assert ready["phase"] == "ready", ready.get("error")
+    warned = [r.getMessage() for r in caplog.records if "names custom code" in r.getMessage()]
+    assert warned and "Qwen3Model" in warned[0] and "attends causally" in warned[0], warned
 
 
 async def test_a_transformer_loaded_other_than_from_the_folders_root_is_refused(

@@ -161,10 +161,11 @@ async def test_custom_code_is_refused_without_trust_remote_code_and_served_with_
     aiohttp_client, zoo_root: Path, builtin_type: str | None
 ) -> None:
     """A folder whose config.json points at its own modeling code (auto_map) is refused with a
-    message naming spec.model.trustRemoteCode, also when its model_type names a class
-    transformers ships (as jina-embeddings-v2's says bert) that cannot hold its weights: that
-    class would load with random layers. With the field set, the folder's own code serves
-    sentence-transformers' (trust_remote_code=True) vectors."""
+    message naming spec.model.trustRemoteCode while the field is unset; set to false, it is
+    refused too when its model_type names a class transformers ships (as
+    jina-embeddings-v2's says bert) that cannot hold its weights (that class would load with
+    random layers), naming the missing weights. With the field true, the folder's own code
+    serves sentence-transformers' (trust_remote_code=True) vectors."""
     from sentence_transformers import SentenceTransformer
 
     folder = zoo.build_custom_code(zoo_root, builtin_type)
@@ -173,8 +174,13 @@ async def test_custom_code_is_refused_without_trust_remote_code_and_served_with_
     error = refused["error"]
     assert "spec.model.trustRemoteCode" in error and "--trust-remote-code" in error, error
     assert "config.json auto_map AutoModel: modeling_tiny.TinyEmbedderModel" in error, error
+    assert "is unset: decide" in error, error
+    _client, refused = await serve(aiohttp_client, folder, "--no-trust-remote-code")
+    assert refused["phase"] == "failed"
+    error = refused["error"]
+    assert "transformers' own class for it cannot serve it" in error, error
     if builtin_type is not None:
-        assert "transformers' own class for it" in error and "missing" in error, error
+        assert "missing" in error, error
 
     client, ready = await serve(aiohttp_client, folder, "--trust-remote-code")
     assert ready["phase"] == "ready", ready.get("error")
