@@ -245,11 +245,13 @@ class PackedDecoder:
         wanted |= {f"layers.{index}.{name}" for index in range(layers) for name in per_layer}
         missing = sorted(wanted - set(state))
         if missing:
-            raise CheckpointMismatch(f"the checkpoint lacks the weight {missing[0]!r}")
+            raise CheckpointMismatch(f"the checkpoint lacks {weight_names(missing)}", missing=True)
         unused = sorted(key for key in set(state) - wanted if not key.startswith(_NOT_READ))
         if unused:
             raise CheckpointMismatch(
-                f"the checkpoint has weights this architecture does not use: {weight_names(unused)}"
+                f"the checkpoint has weights this architecture does not use: "
+                f"{weight_names(unused)}",
+                missing=False,
             )
         self.embed = state["embed_tokens.weight"]
         self.final_norm = state["norm.weight"]

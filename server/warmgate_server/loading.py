@@ -290,8 +290,15 @@ def _load_packed(
     try:
         return packed_pass(path, dtype, device, model_type), ""
     except CheckpointMismatch as exc:
+        outcome = (
+            "served, those weights would be random, and so would its vectors"
+            if exc.missing
+            else "served, the pass would run without those weights, and its vectors would not "
+            "be the model's (the checkpoint is of another architecture, or has weights its "
+            "config.json does not count)"
+        )
         raise ModelLoadError(
-            f"--model {config.model}: {exc}: it would serve random layers"
+            f"--model {config.model}: {exc} (the padding-free pass of {model_type}): {outcome}"
         ) from None
     except ValueError as exc:
         return None, str(exc).removeprefix("cannot run this model packed: ")
@@ -323,9 +330,17 @@ def _load_transformers_model(
         raise ModelLoadError(f"--model {config.model}: cannot load it from {path}: {exc}") from None
     problems = _loading_problems(model, info, checkpoint.keys(path))
     if problems:
+        random = problems.startswith("missing") or "of another shape" in problems
         raise ModelLoadError(
             f"--model {config.model}: the weights do not fit {type(model).__name__}: "
-            f"{problems}; it would serve random layers"
+            f"{problems}; served, "
+            + (
+                "the missing weights (or those of another shape) would be random, and so would "
+                "its vectors"
+                if random
+                else "it would run without the unused weights, and its vectors would not be "
+                "the model's"
+            )
         )
     model.to(device)
     model.eval()

@@ -83,7 +83,24 @@ _ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[str,
 
 
 class CheckpointMismatch(ValueError):
-    """The weights are not this architecture's: some missing, or some left unused."""
+    """The weights are not this architecture's: some missing (`missing`: the pass would run
+    with random weights there), or some left unused (it would run without them)."""
+
+    def __init__(self, message: str, missing: bool) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+LAYER_WEIGHTS = tuple(
+    f"{part}.{kind}"
+    for part in (
+        "attention.self.query", "attention.self.key", "attention.self.value",
+        "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense",
+        "output.dense", "output.LayerNorm",
+    )
+    for kind in ("weight", "bias")
+)  # fmt: skip
+"""The weights of one BERT layer (`encoder.layer.N.` + these), under BERT's names."""
 
 
 # config.json model types the padding-free pass runs, and where their position ids start.
@@ -330,9 +347,16 @@ class PackedBert:
         unused = sorted(
             _own_name(key, model_type) for key in set(state) - used if not key.startswith(_NOT_READ)
         )
+        unused += sorted(
+            _own_name(key, model_type)
+            for key in used
+            if key.startswith("encoder.layer.") and key.split(".", 3)[3] not in LAYER_WEIGHTS
+        )
         if unused:
             raise CheckpointMismatch(
-                f"the checkpoint has weights this architecture does not use: {weight_names(unused)}"
+                f"the checkpoint has weights this architecture does not use: "
+                f"{weight_names(unused)}",
+                missing=False,
             )
         try:
             self.word = state["embeddings.word_embeddings.weight"]
@@ -353,15 +377,19 @@ class PackedBert:
                 for index in range(int(config["num_hidden_layers"]))
             ]
         except KeyError as exc:
-            missing = _own_name(str(exc.args[0]), model_type)
-            raise CheckpointMismatch(f"the checkpoint lacks the weight {missing!r}") from None
-        per_layer = 16  # query, key, value, attention output, its norm, two dense, a norm
-        if len(used) != len(embeddings) + per_layer * layers:
-            found = len(used) - len(embeddings)
+            wanted = {
+                *embeddings,
+                "embeddings.LayerNorm.weight",
+                "embeddings.LayerNorm.bias",
+                *(f"encoder.layer.{index}.{name}" for index in range(layers)
+                  for name in LAYER_WEIGHTS),
+            }  # fmt: skip
+            absent = sorted(_own_name(key, model_type) for key in wanted - set(state)) or [
+                _own_name(str(exc.args[0]), model_type)
+            ]
             raise CheckpointMismatch(
-                f"the checkpoint's {found} layer weights are not {layers} BERT layers' "
-                f"{per_layer * layers}"
-            )
+                f"the checkpoint lacks {weight_names(absent)}", missing=True
+            ) from None
         activation, post_op = _ACTIVATIONS[config.get("hidden_act", "gelu")]
         self.kernels = linear.choose(plain, self.device, self.dtype, activation, post_op)
         """The linear layers' kernel for a pass of a given token count (linear.py); the plain

@@ -164,7 +164,7 @@ async def test_custom_code_is_refused_without_trust_remote_code_and_served_with_
     message naming spec.model.trustRemoteCode while the field is unset; set to false, it is
     refused too when its model_type names a class transformers ships (as
     jina-embeddings-v2's says bert) that cannot hold its weights (that class would load with
-    random layers), naming the missing weights. With the field true, the folder's own code
+    random weights), naming the missing weights. With the field true, the folder's own code
     serves sentence-transformers' (trust_remote_code=True) vectors."""
     from sentence_transformers import SentenceTransformer
 
@@ -231,7 +231,11 @@ async def test_weights_missing_or_unused_fail_the_load_with_their_names(
         save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
         _client, ready = await serve(aiohttp_client, folder, "--packing", packing)
         assert ready["phase"] == "failed", (change, packing)
-        assert "random layers" in ready["error"], ready["error"]
+        # What serving it would have done: random weights where one is missing, none random
+        # where one is left over.
+        outcome = "would be random" if change == "drop" else "would not be the model's"
+        assert outcome in ready["error"], ready["error"]
+        assert "random" not in ready["error"] or change == "drop", ready["error"]
         if packing == "off" or change == "add":
             assert expected in ready["error"], ready["error"]
         else:
@@ -325,3 +329,26 @@ def test_a_real_server_process_serves_each_family_to_the_openai_sdk(
         client.close()
     served = np.array([item.embedding for item in answer.data], dtype=np.float32)
     assert cosine(served, expected).min() >= MIN_COSINE
+
+
+async def test_an_extra_tensor_inside_a_layer_is_named_on_the_packed_pass(
+    aiohttp_client, zoo_root: Path, tmp_path: Path
+) -> None:
+    """A tensor the architecture has no place for, inside one of its own layers: the packed
+    pass names it (it counted the layer's weights and said only how many there were)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "extra"
+    shutil.copytree(zoo.build("xlm-roberta-mean", "current", zoo_root), folder)
+    state = load_file(str(folder / "model.safetensors"))
+    key = next(k for k in state if k.endswith("layer.0.attention.self.value.weight"))
+    extra = key.replace("attention.self.value.weight", "attention.self.gate.weight")
+    state[extra] = state[key].clone()
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    _client, ready = await serve(aiohttp_client, folder)
+    assert ready["phase"] == "failed"
+    error = ready["error"]
+    assert "does not use" in error and "attention.self.gate.weight" in error, error
+    assert "padding-free pass" in error and "would not be the model's" in error, error
