@@ -34,7 +34,7 @@ from pathlib import Path
 
 from loadgen import SHORT_SENTENCES, closed_loop
 
-from warmgate_server.testing import SERVER_ROOT, ServerProcess, minilm_path
+from warmgate_testkit.process import SERVER_ROOT, ServerProcess, minilm_path
 
 ROOT = Path(__file__).resolve().parents[2]
 POINTS = {"1x1": (1, 1), "32x1": (32, 1), "8x32": (8, 32)}

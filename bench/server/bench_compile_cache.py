@@ -26,7 +26,7 @@ from bench_models import build, memory_of
 from bench_server import REPO, machine
 from loadgen import markdown_table
 
-from warmgate_server.testing import ServerProcess
+from warmgate_testkit.process import ServerProcess
 
 
 def start(model: Path, cache: Path) -> dict[str, Any]:

@@ -1,20 +1,19 @@
-"""The packed pass against transformers' own forward pass, per family, at real sizes (`make
-bench-families`): what a family gains when it moves from the padded path to the padding-free
-one (DistilBERT and MPNet did, then Qwen3 and EmbeddingGemma).
+"""The packed pass against transformers' own forward pass, per family, at real sizes (`make bench-
+families`): what a family gains when it moves from the padded path to the padding-free one
+(DistilBERT and MPNet did, then Qwen3 and EmbeddingGemma).
 
 No hub is reachable, so each model is made here at its popular checkpoint's real shape with
-random fp32 weights and the zoo's tokenizer of that family (warmgate_server/zoo.py): BERT as
-all-MiniLM-L6-v2 (6 layers, 384 wide), DistilBERT as msmarco-distilbert-base-v4 (6 layers, 768
-wide), MPNet as all-mpnet-base-v2 (12 layers, 768 wide, relative position bias), Qwen3 as
-Qwen3-Embedding-0.6B's layers (1024 wide, 16 query and 8 key/value heads, causal; 4 of its 28
-layers, so that a padded pass of 32 long inputs takes seconds, not half a minute: both passes'
-times grow with the layer count), Gemma 3 as embeddinggemma-300m (24 layers, 768 wide, 3 query
-heads and 1 key/value head of 256, both ways, every sixth layer full and the others in a
-512-token window). Both passes
-run in this process on one thread, as one of the server's two CPU model workers does, at the
-shapes the server gives them: the padded pass at the planned (rows, bucket) shape, the packed
-pass on the same inputs' real tokens. Each point alternates the two passes and keeps the
-median of each; the pooled vectors of both are compared (cosine).
+random fp32 weights and the zoo's tokenizer of that family (testkit/warmgate_testkit/zoo.py):
+BERT as all-MiniLM-L6-v2 (6 layers, 384 wide), DistilBERT as msmarco-distilbert-base-v4 (6
+layers, 768 wide), MPNet as all-mpnet-base-v2 (12 layers, 768 wide, relative position bias),
+Qwen3 as Qwen3-Embedding-0.6B's layers (1024 wide, 16 query and 8 key/value heads, causal; 4 of
+its 28 layers, so that a padded pass of 32 long inputs takes seconds, not half a minute: both
+passes' times grow with the layer count), Gemma 3 as embeddinggemma-300m (24 layers, 768 wide, 3
+query heads and 1 key/value head of 256, both ways, every sixth layer full and the others in a
+512-token window). Both passes run in this process on one thread, as one of the server's two CPU
+model workers does, at the shapes the server gives them: the padded pass at the planned (rows,
+bucket) shape, the packed pass on the same inputs' real tokens. Each point alternates the two
+passes and keeps the median of each; the pooled vectors of both are compared (cosine).
 
 Points: one sentence (p50 of a lone request's forward pass), 8 sentences of mixed length in the
 32 bucket, 32 in the 64 bucket, 32 in the 128 bucket (the texts repeated to fill it).
@@ -36,10 +35,10 @@ from typing import Any
 import torch
 from bench_server import REPO, machine, write_doc
 
-from warmgate_server import zoo
 from warmgate_server.decoder import PackedDecoder
 from warmgate_server.loading import packed_pass
 from warmgate_server.packed import PackedBert
+from warmgate_testkit import zoo
 
 BEGIN, END = "<!-- family-benchmarks:begin -->", "<!-- family-benchmarks:end -->"
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {

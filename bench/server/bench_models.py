@@ -7,8 +7,8 @@ No hub is reachable, so the models are made here: the real XLM-RoBERTa architect
 real sizes (e5-base: 12 layers, 768 wide, 12 heads, 3072 inner, 250,002-token vocabulary, 514
 positions; bge-m3: 24 layers, 1024 wide, 16 heads, 4096 inner, 8194 positions), random fp32
 weights, mean pooling and Normalize as multilingual-e5 has (CLS for bge-m3), and an XLM-R
-tokenizer trained on the zoo's small multilingual corpus (warmgate_server/zoo.py). Its vocabulary
-is small, so a text takes more tokens than with the real one; both servers see the same
+tokenizer trained on the zoo's small multilingual corpus (testkit/warmgate_testkit/zoo.py). Its
+vocabulary is small, so a text takes more tokens than with the real one; both servers see the same
 tokens, which is what a side-by-side needs.
 
 1. Time from process start to ready: warmgate's /ready 200 (warm: every planned shape run),
@@ -42,8 +42,8 @@ from bench_server import REPO, machine, start_infinity, start_infinity_onnx, wri
 from cpu_ceiling import bench_tokens, ceiling
 from loadgen import closed_loop, markdown_table
 
-from warmgate_server import zoo
-from warmgate_server.testing import ServerProcess
+from warmgate_testkit import zoo
+from warmgate_testkit.process import ServerProcess
 
 CACHE = Path(os.environ.get("WARMGATE_BENCH_MODELS", "~/.cache/warmgate/bench-models"))
 BEGIN, END = "<!-- model-benchmarks:begin -->", "<!-- model-benchmarks:end -->"

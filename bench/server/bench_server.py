@@ -39,7 +39,7 @@ from loadgen import SHORT_SENTENCES, closed_loop, markdown_table, probe_shapes
 
 from warmgate_server.config import ServerConfig
 from warmgate_server.cpus import plan_threads, usable_cpus
-from warmgate_server.testing import ServerProcess, minilm_path
+from warmgate_testkit.process import ServerProcess, minilm_path
 
 REPO = Path(__file__).resolve().parents[2]
 MFLOP_PER_TOKEN = 22.0

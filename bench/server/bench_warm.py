@@ -46,7 +46,7 @@ import aiohttp
 from bench_ab import head, worktree
 from bench_server import REPO, machine, start_infinity_onnx
 
-from warmgate_server.testing import ServerProcess, minilm_path
+from warmgate_testkit.process import ServerProcess, minilm_path
 
 RESULTS = REPO / "bench" / "results"
 

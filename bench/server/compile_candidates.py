@@ -77,7 +77,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from warmgate_server.packed import PackedBert  # noqa: E402
-from warmgate_server.testing import minilm_path  # noqa: E402
+from warmgate_testkit.process import minilm_path  # noqa: E402
 
 SHAPES = "1x16,1x32,8x32,32x32,32x128"
 CANDIDATES = ["packed", "dense", "dense-mkl", "compile", "compile-freezing",

@@ -31,7 +31,7 @@ from typing import Any
 
 from loadgen import SHORT_SENTENCES, closed_loop, markdown_table, probe_shapes
 
-from warmgate_server.testing import ServerProcess
+from warmgate_testkit.process import ServerProcess
 
 
 def parse_args() -> argparse.Namespace:

@@ -2,7 +2,7 @@
 graphs (or why not), and its vectors against sentence-transformers (docs/models.md's GPU
 column; issue 22).
 
-For each family (warmgate_server/zoo.py, the layout sentence-transformers writes today) and
+For each family (testkit/warmgate_testkit/zoo.py, the layout sentence-transformers writes today) and
 dtype, one `python -m warmgate_server --device cuda --cuda-graphs auto` process on a small
 plan: /ready's forward report, then the zoo's texts (English, Korean, Japanese, emoji, mixed,
 long) on /embed, compared with `SentenceTransformer(folder).encode` on the CPU at float32.
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from warmgate_server import zoo
 from warmgate_server.loading import NO_FLOAT16
-from warmgate_server.testing import ServerProcess
+from warmgate_testkit import zoo
+from warmgate_testkit.process import ServerProcess
 
 # The families most users run first: a budget cut leaves out the rarest.
 ORDER = ["xlm-roberta-cls", "xlm-roberta-mean", "bert-mean", "bert-cls-prompt", "qwen3",

@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:=bench/results}"
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD/server:$PWD/contract${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/server:$PWD/contract:$PWD/testkit${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 timeout -k 10 470 python3 bench/server/gpu_zoo.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_zoo_stdout.txt"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from support.tiktoken_cache import tiktoken_cache  # noqa: F401 - a fixture (LangChain)
 
-from warmgate_server.testing import ServerProcess, minilm_path
+from warmgate_testkit.process import ServerProcess, minilm_path
 
 ARGS = [
     "--device", "cpu",

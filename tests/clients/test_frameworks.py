@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from warmgate_server.testing import ServerProcess, minilm_path
+from warmgate_testkit.process import ServerProcess, minilm_path
 
 from .conftest import ARGS
 

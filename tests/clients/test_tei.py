@@ -16,7 +16,7 @@ import pytest
 from huggingface_hub import InferenceClient
 from tokenizers import Tokenizer
 
-from warmgate_server.testing import minilm_path
+from warmgate_testkit.process import minilm_path
 
 TEXTS = ["A warm model answers fast.", "Déjà vu: naïve café ☕ costs 3€."]
 

@@ -44,7 +44,7 @@ from warmgate_operator.spec import SpecError, parse_spec
 from warmgate_server.app import create_app
 from warmgate_server.config import ConfigError, parse_config
 from warmgate_server.context import RUNTIME
-from warmgate_server.testing import ServerProcess, minilm_path
+from warmgate_testkit.process import ServerProcess, minilm_path
 
 OWNER = Owner(name="agree", namespace="default", uid="00000000-0000-4000-8000-000000000001")
 

@@ -59,7 +59,7 @@ def test_readme_quick_start_has_exactly_two_commands():
 def test_the_supported_models_page_has_a_row_for_each_zoo_family():
     """docs/models.md's family table names each zoo model the tests serve, and no other: a
     row without its test is a claim nothing backs."""
-    from warmgate_server import zoo
+    from warmgate_testkit import zoo
 
     page = (ROOT / "docs" / "models.md").read_text()
     table = page.split("## Families", 1)[1].split("## Refused", 1)[0]

@@ -28,7 +28,7 @@ from warmgate_router.proxy import Router, build_server
 from warmgate_router.view import ALIASES, SERVICES, SLICES, View
 from warmgate_server.config import parse_config
 from warmgate_server.loading import LoadedModel, load_model
-from warmgate_server.testing import minilm_path
+from warmgate_testkit.process import minilm_path
 
 NS = "team"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"

@@ -14,7 +14,7 @@ from support.server import QUICK_SETTLE, make_config, until_ready
 from warmgate_server.app import create_app
 from warmgate_server.config import parse_config
 from warmgate_server.loading import LoadedModel, load_model
-from warmgate_server.testing import minilm_path
+from warmgate_testkit.process import minilm_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -13,7 +13,7 @@ import pytest
 from warmgate_contract.flags import BY_NAME
 from warmgate_contract.shapes import Shape
 from warmgate_server.config import ConfigError, parse_config
-from warmgate_server.testing import CONTRACT_ROOT, SERVER_ROOT
+from warmgate_testkit.process import CONTRACT_ROOT, SERVER_ROOT
 
 
 def test_defaults_follow_the_contract() -> None:

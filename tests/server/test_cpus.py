@@ -10,7 +10,7 @@ from pathlib import Path
 
 from warmgate_server.config import parse_config
 from warmgate_server.cpus import ThreadPlan, _cgroup_cpu_limit, plan_threads
-from warmgate_server.testing import CONTRACT_ROOT, SERVER_ROOT
+from warmgate_testkit.process import CONTRACT_ROOT, SERVER_ROOT
 
 
 def plan(*args: str, device: str = "cpu", cpus: int = 2) -> ThreadPlan:

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from support.server import dense_pooled, padded_batch, pooled
 
-from warmgate_server import zoo
 from warmgate_server.decoder import PackedDecoder, supports_config
+from warmgate_testkit import zoo
 
 CLOSE = {"atol": 2e-5, "rtol": 1e-4}
 LONG = 200

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import openai
 
-from warmgate_server.testing import ServerProcess
+from warmgate_testkit.process import ServerProcess
 
 ARGS = [
     "--device", "cpu", "--sequence-buckets", "16,32", "--warmup-batch-sizes", "1,4",

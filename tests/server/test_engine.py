@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from warmgate_server.testing import wait_for_phase
+from warmgate_testkit.process import wait_for_phase
 
 # "hello " * n is n + 2 tokens with [CLS] and [SEP]: these land in buckets 16, 32 and 64.
 BUCKET_TEXTS = {16: "hello " * 10, 32: "hello " * 25, 64: "hello " * 50}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from warmgate_server.testing import ServerProcess
+from warmgate_testkit.process import ServerProcess
 
 BASE = [
     "--device", "cpu", "--sequence-buckets", "16,32", "--warmup-batch-sizes", "1,4",

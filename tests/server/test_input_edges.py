@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from warmgate_server import zoo
 from warmgate_server.config import parse_config
 from warmgate_server.errors import InputTooLong
 from warmgate_server.loading import load_model
 from warmgate_server.runner import ModelRunner
+from warmgate_testkit import zoo
 
 LIMIT = 32
 RUN = 5_000

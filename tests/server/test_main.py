@@ -16,7 +16,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from warmgate_server.testing import SERVER_ROOT, ServerProcess
+from warmgate_testkit.process import SERVER_ROOT, ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -34,7 +34,7 @@ from warmgate_server.memory import (
     predict,
     warm_order,
 )
-from warmgate_server.testing import ServerProcess, minilm_path
+from warmgate_testkit.process import ServerProcess, minilm_path
 
 MiB = 2**20
 BIG_PLAN = [

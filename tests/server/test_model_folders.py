@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from support.models import MIN_COSINE, cosine, embed, reference, serve
 
-from warmgate_server import checkpoint, zoo
+from warmgate_server import checkpoint
 from warmgate_server.modelconfig import LEGACY_FLAGS
+from warmgate_testkit import zoo
 
 
 @pytest.fixture(scope="module")

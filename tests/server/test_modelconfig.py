@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient
 from support.server import QUICK_SETTLE, make_config
 
 from warmgate_server.app import create_app
-from warmgate_server.testing import wait_for_phase
+from warmgate_testkit.process import wait_for_phase
 
 TEXTS = [
     "hi",

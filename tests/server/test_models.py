@@ -1,9 +1,10 @@
 """The model families people deploy, served right: a tiny model of each family
-(warmgate_server/zoo.py: real config, model and tokenizer classes, random weights, a tokenizer
-trained on a multilingual corpus), in both sentence-transformers layouts, served over HTTP and
-compared with `SentenceTransformer(folder).encode` on English, Korean, Japanese, emoji, mixed
-and long (truncated) texts. BERT and the RoBERTa family run both forward passes (padding-free
-and transformers'); the others run transformers'. docs/models.md lists what each row proves."""
+(testkit/warmgate_testkit/zoo.py: real config, model and tokenizer classes, random weights, a
+tokenizer trained on a multilingual corpus), in both sentence-transformers layouts, served over
+HTTP and compared with `SentenceTransformer(folder).encode` on English, Korean, Japanese, emoji,
+mixed and long (truncated) texts. BERT and the RoBERTa family run both forward passes (padding-
+free and transformers'); the others run transformers'. docs/models.md lists what each row
+proves."""
 
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ from support.models import (
 )
 from support.server import QUICK_SETTLE
 
-from warmgate_server import zoo
 from warmgate_server.app import create_app
 from warmgate_server.config import parse_config
-from warmgate_server.testing import wait_for_phase
+from warmgate_testkit import zoo
+from warmgate_testkit.process import wait_for_phase
 
 SERVER_POOLING = {"lasttoken": "last"}
 
@@ -315,7 +316,7 @@ def test_a_real_server_process_serves_each_family_to_the_openai_sdk(
     vectors): sentence-transformers' vectors, the same pass as in-process."""
     from openai import OpenAI
 
-    from warmgate_server.testing import ServerProcess
+    from warmgate_testkit.process import ServerProcess
 
     family = zoo.FAMILIES[name]
     folder, expected = build_telling_texts_apart(name, "hub", zoo_root)

@@ -19,7 +19,7 @@ from warmgate_contract.shapes import Shape
 from warmgate_server import faults
 from warmgate_server.app import create_app
 from warmgate_server.context import RUNTIME
-from warmgate_server.testing import wait_for_phase
+from warmgate_testkit.process import wait_for_phase
 
 # SMALL_PLAN warms 1x16, 1x32, 4x16 and 1x64 (by tokens) before 4x32, then 4x64: every bucket
 # keeps a shape when the plan is cut at 4x32.

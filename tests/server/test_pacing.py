@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from warmgate_server.pacing import CpuPacer
-from warmgate_server.testing import ServerProcess, minilm_path
+from warmgate_testkit.process import ServerProcess, minilm_path
 
 PLAN = ["--sequence-buckets", "32,64,128", "--warmup-batch-sizes", "1,8"]
 """examples/minilm.yaml's plan: 6 shapes."""

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from support.server import dense_pooled, padded_batch, pooled
 
-from warmgate_server import zoo
 from warmgate_server.packed import PackedBert
+from warmgate_testkit import zoo
 
 TEXTS = [
     "hi",

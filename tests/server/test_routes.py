@@ -10,7 +10,7 @@ import pytest
 
 from warmgate_server.context import RUNTIME
 from warmgate_server.source import weights_digest
-from warmgate_server.testing import minilm_path, wait_for_phase
+from warmgate_testkit.process import minilm_path, wait_for_phase
 
 
 async def test_probes_and_reports_while_warming_then_ready(start_server) -> None:

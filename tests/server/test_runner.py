@@ -81,10 +81,10 @@ def test_packing_falls_back_for_other_architectures_and_on_refuses_them(
     from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
 
     from warmgate_contract.shapes import Shape
-    from warmgate_server import zoo
     from warmgate_server.config import parse_config
     from warmgate_server.loading import ModelLoadError, load_model
     from warmgate_server.runner import ModelRunner
+    from warmgate_testkit import zoo
 
     if case == "modernbert":
         folder = zoo.build("modernbert", "current", tmp_path)

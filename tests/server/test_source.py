@@ -23,7 +23,7 @@ from warmgate_devcluster import hubmirror
 from warmgate_devcluster.models import MINILM_ID, minilm_folder, minilm_v2_folder, seed_hub
 from warmgate_server.errors import ModelLoadError
 from warmgate_server.source import locate, weights_digest
-from warmgate_server.testing import ServerProcess
+from warmgate_testkit.process import ServerProcess
 
 QUICK = ["--device", "cpu", "--warmup-batch-sizes", "1", "--sequence-buckets", "16"]
 TOKEN = "hf_test_token"

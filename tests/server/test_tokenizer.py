@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from warmgate_server import zoo
 from warmgate_server.tokenizer import BertTokenizer
+from warmgate_testkit import zoo
 
 TEXTS = [
     "hi",
@@ -207,7 +207,7 @@ XLMR_TEXTS = [
 @pytest.fixture(scope="module")
 def xlmr(tmp_path_factory):
     """The zoo's XLM-R model in both layouts, and a copy of it with a hub-style tokenizer."""
-    from warmgate_server import zoo
+    from warmgate_testkit import zoo
 
     root = tmp_path_factory.mktemp("xlmr-tokenizers")
     folders = {layout: zoo.build("xlm-roberta-mean", layout, root) for layout in zoo.LAYOUTS}

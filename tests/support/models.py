@@ -9,10 +9,10 @@ import numpy as np
 from aiohttp.test_utils import TestClient
 
 from support.server import QUICK_SETTLE, SMALL_PLAN
-from warmgate_server import zoo
 from warmgate_server.app import create_app
 from warmgate_server.config import parse_config
-from warmgate_server.testing import wait_for_phase
+from warmgate_testkit import zoo
+from warmgate_testkit.process import wait_for_phase
 
 MIN_COSINE = 0.9999
 
