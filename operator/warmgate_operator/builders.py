@@ -269,7 +269,7 @@ def resources(spec: EmbeddingServiceSpec) -> dict[str, dict[str, str]]:
     """The user's resources, with CPU/memory requests filled in (the HPA's CPU target needs a
     CPU request), a memory limit when none was given (so a pod's warmup is measured against
     one, and a plan too big is refused or fitted rather than running the node out of memory),
-    and one GPU when the device is cuda and no GPU count was given."""
+    and a GPU limit when the device is cuda and none was given: the request's count, else one."""
     limits = dict(spec.resources.get("limits", {}))
     requests = dict(spec.resources.get("requests", {}))
     memory_given = "memory" in requests or "memory" in limits
@@ -279,7 +279,8 @@ def resources(spec: EmbeddingServiceSpec) -> dict[str, dict[str, str]]:
     if not memory_given:
         limits["memory"] = DEFAULT_MEMORY_LIMIT
     if spec.runtime.device == "cuda" and "nvidia.com/gpu" not in limits:
-        limits["nvidia.com/gpu"] = "1"
+        # An extended resource's limit must equal its request: a GPU request alone sets it.
+        limits["nvidia.com/gpu"] = str(requests.get("nvidia.com/gpu", "1"))
     out: dict[str, dict[str, str]] = {"requests": requests}
     if limits:
         out["limits"] = limits

@@ -356,6 +356,12 @@ def test_cuda_requests_one_gpu_unless_told_otherwise() -> None:
         ).deployment
     )
     assert server["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    # A GPU request alone: the limit is its count (Kubernetes refuses an extended resource
+    # whose request and limit differ; the operator wrote "1" whatever the request).
+    gpu_request = {"runtime.device": "cuda", "resources.requests": {"nvidia.com/gpu": 2}}
+    server = container(children(**gpu_request).deployment)
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert server["resources"]["requests"]["nvidia.com/gpu"] in (2, "2")
     cpu_server = container(children().deployment)
     assert "nvidia.com/gpu" not in cpu_server["resources"].get("limits", {})
 
