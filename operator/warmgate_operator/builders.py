@@ -59,10 +59,13 @@ mounts there (spec.volumeMounts) to share it between pods and rollouts of the sa
 
 DEFAULT_REQUESTS = {"cpu": "500m", "memory": "1536Mi"}
 DEFAULT_MEMORY_LIMIT = "1536Mi"
-"""Sized from measurement (docs/benchmarks.md, "Memory"): MiniLM with the default plan (1, 8,
-32 x 32 to 256 tokens, two workers) peaks at 1.29 GB resident with the CUDA build of torch; a
-limit of 1.5 GiB leaves it 20%. Past the limit a plan is refused or fitted by the server
-(warmup.memoryPolicy), not killed; bigger models need more, and their pods say how much."""
+"""Sized from measurement (docs/benchmarks.md, "What a CPU needs warmed, and what its memory
+guard counts"): MiniLM with the default plan (1, 8, 32 x 32 to 256 tokens, two workers) needs
+1.1-1.2 GiB as the server's guard counts it (anonymous memory, the model's files, 128 MiB of
+code; 1.29 GB resident with the CUDA build of torch), and its budget here is 1.35 GiB (the limit
+less 10%); tests/server/test_memory.py starts that pod 30 times under this limit. Past the
+limit a plan is refused or fitted by the server (warmup.memoryPolicy), not killed; bigger
+models need more, and their pods say how much."""
 # The server container's imagePullPolicy when neither the spec nor the operator's
 # --server-image-pull-policy says otherwise.
 DEFAULT_PULL_POLICY = "IfNotPresent"
