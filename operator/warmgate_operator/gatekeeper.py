@@ -50,7 +50,11 @@ class GateConfig:
 
 
 class PodStatusWriter(Protocol):
-    async def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> None: ...
+    async def patch_status(
+        self, namespace: str, name: str, body: dict[str, Any]
+    ) -> Mapping[str, Any] | None:
+        """The pod as written (None: not known)."""
+        ...
 
 
 EventSink = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
@@ -349,8 +353,32 @@ class Gatekeeper:
             return False
         meta = pod["metadata"]
         body = gate.status_patch(desired, state, meta.get("resourceVersion"))
-        await self._writer.patch_status(meta["namespace"], meta["name"], body)
+        written = await self._writer.patch_status(meta["namespace"], meta["name"], body)
+        self._adopt(written)
         return True
+
+    def _adopt(self, written: Mapping[str, Any] | None) -> None:
+        """The pod as this write left it becomes the worker's copy. Its watch event changes
+        nothing in the cache (which took the write's answer first), so no event brings it: a
+        worker that kept the copy it wrote over judged it again by the old condition, wrote
+        again with the old resourceVersion, and got 409 Conflict every retry for as long as
+        nothing else changed the pod (a pod refused for memory: for ever)."""
+        if not written:
+            return
+        worker = self._workers.get(written.get("metadata", {}).get("uid", ""))
+        if worker is None:
+            return
+        held = _version(worker.pod)
+        new = _version(written)
+        if held is None or (new is not None and new > held):
+            worker.pod = written
+
+
+def _version(pod: Mapping[str, Any]) -> int | None:
+    try:
+        return int(pod.get("metadata", {}).get("resourceVersion"))
+    except (TypeError, ValueError):
+        return None
 
 
 def _name(pod: Mapping[str, Any]) -> str:

@@ -65,7 +65,9 @@ class PodStatusWriter:
         self._client = client
         self._cache = cache
 
-    async def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+    async def patch_status(
+        self, namespace: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any] | None:
         written = await self._client.request(
             "PATCH",
             POD.path(namespace, name, "status"),
@@ -73,6 +75,7 @@ class PodStatusWriter:
             content_type="application/strategic-merge-patch+json",
         )
         self._cache.record(POD, written)
+        return written if isinstance(written, dict) else None
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,52 @@ async def test_an_api_error_on_the_write_is_retried(failure: ApiError) -> None:
     assert writer.statuses() == [("True", names.REASON_VERIFIED)]
 
 
+class Api:
+    """The apiserver's side of a status patch: a resourceVersion that is not the pod's current
+    one is refused with 409 (optimistic concurrency), and a write answers the pod as written."""
+
+    def __init__(self, pod: dict) -> None:
+        self.pod = copy.deepcopy(pod)
+        self.patches: list[dict[str, Any]] = []
+        self.conflicts = 0
+
+    async def patch_status(self, namespace: str, name: str, body: dict[str, Any]) -> dict:
+        version = body["metadata"].get("resourceVersion")
+        if version is not None and version != self.pod["metadata"]["resourceVersion"]:
+            self.conflicts += 1
+            raise ApiError(409, "Conflict", "the object has been modified")
+        self.patches.append(body)
+        self.pod = patched(self.pod, body)
+        self.pod["metadata"]["resourceVersion"] = str(
+            int(self.pod["metadata"]["resourceVersion"]) + 1
+        )
+        return copy.deepcopy(self.pod)
+
+
+async def test_a_refused_pod_is_written_once_not_retried_with_a_stale_version() -> None:
+    """A pod refused for memory stays running and never ready, and nothing else changes it:
+    the watch event of the gate's own write is the only news, and the cache (which took the
+    write's answer) does not pass it on. The gate writes the refusal once and keeps the pod as
+    written; it wrote again every retry with the old resourceVersion, 409 each time, for as long
+    as the pod lived."""
+    report = make_report(
+        phase="failed",
+        ready=False,
+        error="shape 32x256 would need about 1.37 GiB, above the budget",
+        failure_reason=names.REASON_MEMORY_EXCEEDED,
+    )
+    pod = make_pod(ready=False)
+    reports, api = Reports(report), Api(pod)
+    gatekeeper = keeper(reports, api)  # type: ignore[arg-type]
+    gatekeeper.observe("MODIFIED", pod)
+    await until(lambda: reports.calls >= 6)  # five retries after the write
+    await gatekeeper.close()
+    assert [(c["status"], c["reason"]) for b in api.patches for c in b["status"]["conditions"]] == [
+        ("False", names.REASON_MEMORY_EXCEEDED)
+    ]
+    assert api.conflicts == 0
+
+
 async def test_a_deleted_pod_stops_its_worker() -> None:
     reports, writer = Reports(TimeoutError()), Writer()
     gatekeeper = keeper(reports, writer)
