@@ -463,10 +463,13 @@ def _example_servers(scratch: Path) -> dict[tuple[str, ...], tuple[int, list[str
         flags = [
             arg
             for arg in server_args(spec)
+            # Pacing (--warmup-cpus) changes when the warmup's passes run, not what they hold:
+            # left out, so that two starts at once (each the other's busy neighbour) are not
+            # held to the examples' 100m each.
             if not arg.startswith(
                 ("--model=", "--port=", "--warmup-profile=", "--served-model-name=")
             )
-            and not arg.startswith("--model-revision=")
+            and not arg.startswith(("--model-revision=", "--warmup-cpus="))
         ]
         key = (f"--model={model}", *flags)
         servers.setdefault(key, (limit, []))[1].append(name)
