@@ -14,7 +14,8 @@ two serving pods and the surge pod of the rollout (1.5 CPUs) fit the 2-CPU node 
 add-ons; the scheduler refuses more. The first service is deleted before the control runs.
 `--cpu-limit ''` leaves the pods without a CPU limit (as examples/minilm.yaml does): a warming
 pod may then take the node's idle cores, and `--compare-pace` runs the gated reload again with
-`warmup.pace: none` beside the default (`request`: the warmup held to the pod's CPU request).
+`warmup.pace: request` (the warmup held to the pod's CPU request while the node is busy) beside
+the default (`none`).
 `--default-plan` warms the operator's default plan (12 shapes) instead of the 4-shape one.
 
 Results: bench/results/rollout.json and a markdown table on stdout (copied into
@@ -156,7 +157,7 @@ def run_reload(
     cpu: str,
     cpu_limit: str | None = None,
     default_plan: bool = False,
-    pace: str = "request",
+    pace: str = "none",
 ) -> dict:
     overrides: dict = (
         {"warmup": {"pace": pace}}
@@ -278,7 +279,7 @@ def main() -> int:
     parser.add_argument(
         "--compare-pace",
         action="store_true",
-        help="also run the gated reload with warmup.pace: none (the warmup on every idle core)",
+        help="also run the gated reload with warmup.pace: request (held to the pod's CPU request)",
     )
     parser.add_argument(
         "--default-plan",
@@ -303,7 +304,7 @@ def main() -> int:
         shared = {"cpu": args.cpu, "cpu_limit": args.cpu_limit, "default_plan": args.default_plan}
         results = [run_reload(kube, "gated", args.rate, gate=True, **shared)]
         if args.compare_pace:
-            results.append(run_reload(kube, "unpaced", args.rate, True, pace="none", **shared))
+            results.append(run_reload(kube, "paced", args.rate, True, pace="request", **shared))
         if not args.no_control:
             results.append(run_reload(kube, "plain", args.rate, gate=False, **shared))
     finally:

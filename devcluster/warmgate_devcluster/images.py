@@ -40,6 +40,8 @@ from warmgate_devcluster.binaries import find_node_bin_dir
 from warmgate_devcluster.config import cache_root, repo_root
 
 INPUTS_LABEL = "warmgate.dev/inputs"
+PINNED_LABEL = "io.cri-containerd.pinned"
+"""containerd's CRI reports an image with this label (value `pinned`) as pinned."""
 SERVER_IMAGE = "ghcr.io/warmgate/warmgate-server:0.1.0"
 SERVER_MINILM_IMAGE = "ghcr.io/warmgate/warmgate-server:0.1.0-minilm"
 MODEL_MINILM_V2_IMAGE = "localhost/warmgate/model-all-minilm-l6-v2:v2"
@@ -562,12 +564,16 @@ def import_images(
     say: Callable[[str], None] = print,
 ) -> dict[str, float]:
     """Build what is missing, then copy into the node's containerd each image it does not hold
-    with the same inputs. Returns the seconds each import took."""
-    present = containerd_inputs(socket)
+    with the same inputs, pinned (kubelet's image garbage collection leaves it). Returns the
+    seconds each import took."""
+    present = node_images(socket)
     took = {}
     for image in images:
         wanted = ensure_built(image, log, say)
-        if present.get(image.name) == wanted:
+        held = present.get(image.name)
+        if held is not None and held.labels.get(INPUTS_LABEL) == wanted:
+            if held.labels.get(PINNED_LABEL) != "pinned":  # imported before images were pinned
+                _run(ctr_argv(socket, "images", "label", image.name, f"{PINNED_LABEL}=pinned"), log)
             continue
         started = time.monotonic()
         scratch = cache_root() / "export"
@@ -595,6 +601,12 @@ def import_images(
                     "--discard-unpacked-layers",
                     "--label",
                     f"{INPUTS_LABEL}={wanted}",
+                    # Pinned: kubelet's image garbage collection never removes it. The node has
+                    # no registry to pull it back from, and a disk nearly full (the images'
+                    # exports, checkouts beside it) had kubelet delete the server images of
+                    # pods not running at that moment: ErrImageNeverPull from then on.
+                    "--label",
+                    f"{PINNED_LABEL}=pinned",
                     str(archive),
                 ),
                 log,

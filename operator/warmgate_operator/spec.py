@@ -148,9 +148,9 @@ class WarmupSpec:
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     sequence_buckets: tuple[int, ...] = (32, 64, 128, 256)
     memory_policy: str = "refuse"
-    pace: str = "request"
-    """request: the warmup uses on average the pod's CPU request (builders.warmup_cpus); none:
-    unpaced."""
+    pace: str = "none"
+    """request: while the node is busy the warmup uses on average the pod's CPU request
+    (builders.warmup_cpus); none (the default): unpaced."""
     observed_traffic: ObservedTrafficSpec = field(default_factory=ObservedTrafficSpec)
 
 

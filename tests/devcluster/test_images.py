@@ -178,12 +178,23 @@ def test_import_images_copies_an_image_only_when_the_node_lacks_it(devcluster, t
         took = images.import_images(socket, [image], log, say=lambda *_: None)
         assert list(took) == [image.name]
         assert images.containerd_inputs(socket)[image.name] == image.input_hash()
+        # Pinned: kubelet's image garbage collection (a disk nearly full) leaves it, where the
+        # node has no registry to pull it back from.
+        assert images.node_images(socket)[image.name].labels[images.PINNED_LABEL] == "pinned"
         logged = log.read_text()
 
         # The node holds it with the same inputs: nothing is built, exported or imported.
         assert images.import_images(socket, [image], log, say=lambda *_: None) == {}
         assert log.read_text() == logged
         assert builds == [image.name]
+
+        # Imported before images were pinned: pinned, not imported again.
+        unpin = ["images", "label", image.name, f"{images.PINNED_LABEL}="]
+        subprocess.run(images.ctr_argv(socket, *unpin), capture_output=True, check=True)
+        assert images.PINNED_LABEL not in images.node_images(socket)[image.name].labels
+        assert images.import_images(socket, [image], log, say=lambda *_: None) == {}
+        assert images.node_images(socket)[image.name].labels[images.PINNED_LABEL] == "pinned"
+        logged = log.read_text()
 
         # The node holds it with other inputs (an older build): it is imported again.
         relabel = ["images", "label", image.name, f"{images.INPUTS_LABEL}=older"]

@@ -181,7 +181,6 @@ def test_server_flags_follow_the_contract() -> None:
         "--warmup-profile=/etc/warmgate/profile/profile.json",
         "--pad-batch",
         "--warmup",
-        "--warmup-cpus=0.1",
         "--drain-seconds=5",
         "--request-timeout=60",
         "--body-timeout=15",
@@ -712,9 +711,11 @@ def test_at_zero_the_deployment_runs_no_pod_and_the_hpa_keeps_one_to_max() -> No
     assert awake.deployment["spec"]["template"] == asleep.deployment["spec"]["template"]
 
 
-def test_a_cpu_pod_warms_within_its_cpu_request_unless_the_spec_says_none() -> None:
+def test_with_pace_request_a_cpu_pod_warms_within_its_cpu_request() -> None:
     """The warmup of a pod without a CPU limit would take every idle core of the node from the
-    pods serving beside it: the server is told the pod's request (server: pacing.py)."""
+    pods serving beside it: with warmup.pace request the server is told the pod's request
+    (server: pacing.py). The default (none) tells it nothing: a scale-out under load is when
+    the node is busy, and its new pod's capacity is what the load waits for."""
 
     def cpus(**spec: dict) -> list[str]:
         raw = example_spec()
@@ -722,10 +723,14 @@ def test_a_cpu_pod_warms_within_its_cpu_request_unless_the_spec_says_none() -> N
         args = container(build_children(parse_spec(raw), OWNER, "img").deployment)["args"]
         return [arg for arg in args if arg.startswith("--warmup-cpus")]
 
-    assert cpus() == ["--warmup-cpus=0.1"]  # the example's 100m request
-    assert cpus(resources={}) == ["--warmup-cpus=0.5"]  # the operator's default request
+    paced = {"pace": "request"}
+    assert cpus() == []  # the default: unpaced
+    assert cpus(warmup=paced) == ["--warmup-cpus=0.1"]  # the example's 100m request
+    assert cpus(warmup=paced, resources={}) == ["--warmup-cpus=0.5"]  # the default request
     # A limit alone is the request too (Kubernetes fills the request in from it).
-    assert cpus(resources={"limits": {"cpu": "2", "memory": "1Gi"}}) == ["--warmup-cpus=2"]
-    assert cpus(resources={"requests": {"cpu": "1500m"}}) == ["--warmup-cpus=1.5"]
+    limit = {"limits": {"cpu": "2", "memory": "1Gi"}}
+    assert cpus(warmup=paced, resources=limit) == ["--warmup-cpus=2"]
+    assert cpus(warmup=paced, resources={"requests": {"cpu": "1500m"}}) == ["--warmup-cpus=1.5"]
     assert cpus(warmup={"pace": "none"}) == []
-    assert cpus(runtime={"device": "cuda"}) == []  # a GPU's warmup waits on the device
+    # A GPU's warmup waits on the device.
+    assert cpus(warmup=paced, runtime={"device": "cuda"}) == []
