@@ -122,31 +122,29 @@ def warm(extra: list[str]) -> tuple[float, float, str]:
 
 
 @pytest.mark.slow
-def test_a_warmup_beside_busy_processes_keeps_to_its_cpu_share_and_alone_takes_the_cores(
-    report,
-) -> None:
+def test_a_warmup_beside_a_busy_core_keeps_to_its_cpu_share(report) -> None:
     """At --warmup-cpus 0.5, beside a process that keeps a core busy (a serving pod), the
-    server uses about half a CPU while it warms; alone on the machine it takes what it can."""
+    server uses about half a CPU while it warms; unpaced, beside the same, it takes more. (That
+    an otherwise idle node is not paced is the unit test's above: a test machine is never
+    sure to be idle.)"""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPUs: one CPU's warmup is under one CPU paced or not")
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         paced, paced_seconds, log = warm(["--warmup-cpus", "0.5"])
+        free, free_seconds, _ = warm([])
     finally:
         burner.kill()
         burner.wait()
-    alone, alone_seconds, alone_log = warm(["--warmup-cpus", "0.5"])
     report(
-        f"MiniLM, examples/minilm.yaml's plan, --warmup-cpus 0.5: beside a busy core "
-        f"{paced:.2f} CPUs for {paced_seconds:.1f} s; alone {alone:.2f} CPUs for "
-        f"{alone_seconds:.1f} s"
+        f"MiniLM, examples/minilm.yaml's plan, beside a busy core: --warmup-cpus 0.5 "
+        f"{paced:.2f} CPUs for {paced_seconds:.1f} s; unpaced {free:.2f} CPUs for "
+        f"{free_seconds:.1f} s"
     )
     line = re.compile(r"while the node was busy \(([\d.]+)s of [\d.]+s; .*\): ([\d.]+)s spent")
     busy = line.search(log)
     assert busy is not None and float(busy.group(1)) > 0 and float(busy.group(2)) > 0, log[-2000:]
     # Each pass is paid for before the next, so the last shape's passes and the HTTP path's
-    # three requests after them are not: 0.58 CPUs here.
+    # three requests after them are not: 0.53-0.58 CPUs here.
     assert paced < 0.5 * 1.3, (paced, paced_seconds)
-    idle = line.search(alone_log)
-    assert idle is not None and float(idle.group(2)) < 0.5, alone_log[-2000:]
-    assert alone > paced + 0.2, (alone, paced)
+    assert free > paced + 0.2, (free, paced)

@@ -73,10 +73,12 @@ async def test_probes_and_reports_while_warming_then_ready(start_server) -> None
     # Smallest first (by tokens; the bigger batch first among equal tokens): each shape's
     # memory peak is predicted from the smaller ones before it runs.
     assert warmed == [(1, 16), (1, 32), (4, 16), (1, 64), (4, 32), (4, 64)]
-    assert all(
-        s["steady_ms"] > 0 and s["runs"] >= 2 and s["seconds"] >= s["steady_ms"] / 1000.0
-        for s in report["warmed_shapes"]
-    )
+    assert all(s["steady_ms"] > 0 and s["runs"] >= 2 for s in report["warmed_shapes"])
+    # The first shape runs whole passes (the gate times it): its warmup took at least one
+    # steady pass. The others run one layer of the packed pass, their steady time scaled to
+    # every layer, so it may be longer than the time they took.
+    first = report["warmed_shapes"][0]
+    assert first["seconds"] >= first["steady_ms"] / 1000.0
     assert report["progress"] == {"done": 6, "total": 6}
 
 
