@@ -182,7 +182,6 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
                 if _attends_causally(model)
                 else "",
             )
-
         positions = _usable_positions(model)
         hidden_size = int(model.config.hidden_size)
     else:
@@ -290,15 +289,9 @@ def _load_packed(
     try:
         return packed_pass(path, dtype, device, model_type), ""
     except CheckpointMismatch as exc:
-        outcome = (
-            "served, those weights would be random, and so would its vectors"
-            if exc.missing
-            else "served, the pass would run without those weights, and its vectors would not "
-            "be the model's (the checkpoint is of another architecture, or has weights its "
-            "config.json does not count)"
-        )
         raise ModelLoadError(
-            f"--model {config.model}: {exc} (the padding-free pass of {model_type}): {outcome}"
+            f"--model {config.model}: {exc} (the padding-free pass of {model_type}); "
+            f"{_if_served(random=exc.missing)}"
         ) from None
     except ValueError as exc:
         return None, str(exc).removeprefix("cannot run this model packed: ")
@@ -328,19 +321,11 @@ def _load_transformers_model(
             model, info = AutoModel.from_pretrained(str(path), torch_dtype=dtype, **options)
     except (OSError, ValueError, ImportError) as exc:
         raise ModelLoadError(f"--model {config.model}: cannot load it from {path}: {exc}") from None
-    problems = _loading_problems(model, info, checkpoint.keys(path))
+    problems, random = _loading_problems(model, info, checkpoint.keys(path))
     if problems:
-        random = problems.startswith("missing") or "of another shape" in problems
         raise ModelLoadError(
             f"--model {config.model}: the weights do not fit {type(model).__name__}: "
-            f"{problems}; served, "
-            + (
-                "the missing weights (or those of another shape) would be random, and so would "
-                "its vectors"
-                if random
-                else "it would run without the unused weights, and its vectors would not be "
-                "the model's"
-            )
+            f"{problems}; {_if_served(random)}"
         )
     model.to(device)
     model.eval()
@@ -351,8 +336,24 @@ def _load_transformers_model(
 _UNREAD_MISSING = ("pooler.",)
 
 
-def _loading_problems(model: Any, info: dict[str, Any], keys: set[str]) -> str:
-    """What is wrong with a load (transformers' loading info), or ""."""
+def _if_served(random: bool) -> str:
+    """What serving a checkpoint refused for its weights would have done."""
+    if random:
+        return (
+            "served, the weights missing (or of another shape) would be random, and so would "
+            "its vectors"
+        )
+    return (
+        "served, the pass would run without the weights left over, and its vectors would not "
+        "be the model's (the checkpoint is of another architecture, or has weights its "
+        "config.json does not count)"
+    )
+
+
+def _loading_problems(model: Any, info: dict[str, Any], keys: set[str]) -> tuple[str, bool]:
+    """What is wrong with a load (transformers' loading info), or "", and whether serving it
+    would run random weights (some missing or of another shape) rather than only leave some
+    out."""
     missing = sorted(k for k in info.get("missing_keys") or () if not k.startswith(_UNREAD_MISSING))
     mismatched = sorted(str(item[0]) for item in info.get("mismatched_keys") or ())
     prefix = f"{getattr(model, 'base_model_prefix', '')}."
@@ -371,7 +372,7 @@ def _loading_problems(model: Any, info: dict[str, Any], keys: set[str]) -> str:
         parts.append(f"unused {weight_names(unused)}")
     if mismatched:
         parts.append(f"of another shape {weight_names(mismatched)}")
-    return "; ".join(parts)
+    return "; ".join(parts), bool(missing or mismatched)
 
 
 def _usable_positions(model: Any) -> int | None:

@@ -340,17 +340,14 @@ class PackedBert:
             embeddings.add("embeddings.token_type_embeddings.weight")
         if relative:
             embeddings.add(_RELATIVE_BIAS)
-        used = set(embeddings)
         layers = int(config["num_hidden_layers"])
-        used |= {key for key in state if key.startswith("encoder.layer.")
-                 and int(key.split(".")[2]) < layers}  # fmt: skip
+        wanted = embeddings | {
+            f"encoder.layer.{index}.{name}" for index in range(layers) for name in LAYER_WEIGHTS
+        }
         unused = sorted(
-            _own_name(key, model_type) for key in set(state) - used if not key.startswith(_NOT_READ)
-        )
-        unused += sorted(
             _own_name(key, model_type)
-            for key in used
-            if key.startswith("encoder.layer.") and key.split(".", 3)[3] not in LAYER_WEIGHTS
+            for key in set(state) - wanted
+            if not key.startswith(_NOT_READ)
         )
         if unused:
             raise CheckpointMismatch(
@@ -358,38 +355,23 @@ class PackedBert:
                 f"{weight_names(unused)}",
                 missing=False,
             )
-        try:
-            self.word = state["embeddings.word_embeddings.weight"]
-            self.position = state["embeddings.position_embeddings.weight"]
-            """Every position embedding: a position id indexes it as it is (RoBERTa's from
-            pad_token_id + 1, a padding token's at pad_token_id)."""
-            self.token_type = (
-                state["embeddings.token_type_embeddings.weight"][0] if token_types else None
-            )
-            self.relative_bias = (
-                relative_bias(state[_RELATIVE_BIAS], self.max_positions) if relative else None
-            )
-            """MPNet's relative position bias, (heads, positions, positions): what attention
-            adds to the scores of query i and key j; else None."""
-            self.embedding_norm = _norm(state, "embeddings.LayerNorm")
-            plain = [
-                _layer(state, f"encoder.layer.{index}.")
-                for index in range(int(config["num_hidden_layers"]))
-            ]
-        except KeyError as exc:
-            wanted = {
-                *embeddings,
-                "embeddings.LayerNorm.weight",
-                "embeddings.LayerNorm.bias",
-                *(f"encoder.layer.{index}.{name}" for index in range(layers)
-                  for name in LAYER_WEIGHTS),
-            }  # fmt: skip
-            absent = sorted(_own_name(key, model_type) for key in wanted - set(state)) or [
-                _own_name(str(exc.args[0]), model_type)
-            ]
-            raise CheckpointMismatch(
-                f"the checkpoint lacks {weight_names(absent)}", missing=True
-            ) from None
+        absent = sorted(_own_name(key, model_type) for key in wanted - set(state))
+        if absent:
+            raise CheckpointMismatch(f"the checkpoint lacks {weight_names(absent)}", missing=True)
+        self.word = state["embeddings.word_embeddings.weight"]
+        self.position = state["embeddings.position_embeddings.weight"]
+        """Every position embedding: a position id indexes it as it is (RoBERTa's from
+        pad_token_id + 1, a padding token's at pad_token_id)."""
+        self.token_type = (
+            state["embeddings.token_type_embeddings.weight"][0] if token_types else None
+        )
+        self.relative_bias = (
+            relative_bias(state[_RELATIVE_BIAS], self.max_positions) if relative else None
+        )
+        """MPNet's relative position bias, (heads, positions, positions): what attention adds
+        to the scores of query i and key j; else None."""
+        self.embedding_norm = _norm(state, "embeddings.LayerNorm")
+        plain = [_layer(state, f"encoder.layer.{index}.") for index in range(layers)]
         activation, post_op = _ACTIVATIONS[config.get("hidden_act", "gelu")]
         self.kernels = linear.choose(plain, self.device, self.dtype, activation, post_op)
         """The linear layers' kernel for a pass of a given token count (linear.py); the plain
