@@ -29,6 +29,7 @@ from . import gate
 from .metrics import Metrics
 from .objects import rfc3339
 from .podclient import ERRORS, PodClient
+from .watch import resource_version
 
 log = logging.getLogger("warmgate.gate")
 
@@ -368,17 +369,9 @@ class Gatekeeper:
         worker = self._workers.get(written.get("metadata", {}).get("uid", ""))
         if worker is None:
             return
-        held = _version(worker.pod)
-        new = _version(written)
+        held, new = resource_version(worker.pod), resource_version(written)
         if held is None or (new is not None and new > held):
             worker.pod = written
-
-
-def _version(pod: Mapping[str, Any]) -> int | None:
-    try:
-        return int(pod.get("metadata", {}).get("resourceVersion"))
-    except (TypeError, ValueError):
-        return None
 
 
 def _name(pod: Mapping[str, Any]) -> str:

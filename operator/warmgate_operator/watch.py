@@ -39,7 +39,7 @@ def _uid(obj: Mapping[str, Any]) -> str | None:
     return obj["metadata"].get("uid")
 
 
-def _version(obj: Mapping[str, Any]) -> int | None:
+def resource_version(obj: Mapping[str, Any]) -> int | None:
     """The resourceVersion as a number (etcd's revision), None when it is not one."""
     try:
         return int(obj["metadata"]["resourceVersion"])
@@ -147,7 +147,7 @@ class Store:
             return
         held = self._objects.get(key_of(obj))
         if held is not None and _uid(held) == _uid(obj):
-            old, new = _version(held), _version(obj)
+            old, new = resource_version(held), resource_version(obj)
             if old is not None and new is not None and new <= old:
                 return
         self._put(dict(obj))
