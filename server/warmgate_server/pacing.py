@@ -65,13 +65,18 @@ class CpuPacer:
     busy_seconds: float = 0.0
     """How long the node was seen busy while the warmup ran (logged)."""
     others_cpu_seconds: float = 0.0
-    """CPU seconds the node's other processes used over the windows measured (logged)."""
+    """CPU seconds the node's other processes used over the windows measured."""
     measured_seconds: float = 0.0
     _credit: float = field(default=0.0, init=False)
     _last: tuple[float, float] | None = field(default=None, init=False)
     _sample: tuple[float, float, float] | None = field(default=None, init=False)
     _busy: bool = field(default=True, init=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+
+    @property
+    def others_cpus(self) -> float:
+        """The CPUs the node's other processes used on average over the windows measured."""
+        return self.others_cpu_seconds / self.measured_seconds if self.measured_seconds else 0.0
 
     def _node_busy(self, now: float, used: float) -> bool:
         """Whether the node's other processes used `busy_cpus` or more over the last window;

@@ -159,7 +159,7 @@ class Warmup:
                 pacer.cpus,
                 pacer.busy_seconds,
                 lifecycle.warmup_seconds,
-                pacer.others_cpu_seconds / pacer.measured_seconds if pacer.measured_seconds else 0,
+                pacer.others_cpus,
                 pacer.waited_seconds,
             )
         self.metrics.warmup_duration.set(lifecycle.warmup_seconds)
