@@ -124,6 +124,14 @@ def test_a_reload_to_a_plan_that_does_not_fit_keeps_the_old_pods_serving(kube, o
     # revision) replaces it, and the rollout finishes on pods of the new spec only.
     refused = {pod["metadata"]["name"] for pod in kube.pods("reloadbig")} - old
     assert refused, "the refused pod"
+    # The warm gate wrote the refusal once: it did not write again, every retry over the 60 s
+    # of traffic, with the resourceVersion its own write had left behind (409 Conflict).
+    stale = [
+        line
+        for line in operator.log().splitlines()
+        if "409" in line and any(name in line for name in refused)
+    ]
+    assert not stale, stale[:3]
     kube.patch("embeddingservice", "reloadbig", {"spec": {**small, "model": {"revision": "v2"}}})
     wait_ready(kube, "reloadbig", "v2", replicas=2, timeout=420)
     serving = {
