@@ -53,6 +53,7 @@ PACKAGES = {
     "contract": ROOT / "contract" / "warmgate_contract",
     "devcluster": ROOT / "devcluster" / "warmgate_devcluster",
     "router": ROOT / "router" / "warmgate_router",
+    "kube": ROOT / "kube" / "warmgate_kube",
 }
 # Tests of more than one module, or of a file that is not a module; named for what they check.
 ACROSS_MODULES = {
@@ -61,6 +62,7 @@ ACROSS_MODULES = {
     "operator/test_cluster_crd.py",  # the CRD on a real apiserver
     "operator/test_cluster_operator.py",  # the operator process on a real apiserver
     "router/test_activity.py",  # the router's activity stamps against the operator's idle.py
+    "router/test_cluster_router.py",  # the router's watches and writes on a real apiserver
     "server/test_model_folders.py",  # model folders (layouts, checkpoints, refusals) over HTTP
     "server/test_models.py",  # the model families (docs/models.md): loading, head, packed, runner
     "server/test_requests.py",  # routes.py and schemas.py on one shared warm app (test_routes.py)

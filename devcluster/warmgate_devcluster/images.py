@@ -503,7 +503,12 @@ OPERATOR = _image(
     OPERATOR_IMAGE,
     _dockerfile_image(
         "operator/Dockerfile",
-        ("constraints.txt", "contract/warmgate_contract", "operator/warmgate_operator"),
+        (
+            "constraints.txt",
+            "contract/warmgate_contract",
+            "kube/warmgate_kube",
+            "operator/warmgate_operator",
+        ),
     ),
     BASE,
 )
@@ -511,7 +516,12 @@ ROUTER = _image(
     ROUTER_IMAGE,
     _dockerfile_image(
         "router/Dockerfile",
-        ("constraints.txt", "contract/warmgate_contract", "router/warmgate_router"),
+        (
+            "constraints.txt",
+            "contract/warmgate_contract",
+            "kube/warmgate_kube",
+            "router/warmgate_router",
+        ),
     ),
     BASE,
 )

@@ -1,7 +1,7 @@
 """The devcluster's way to the Kubernetes API, for its own checks, the tests and the
-benchmarks: the operator's client (`warmgate_operator.kube`: the official client's
-configuration and authentication, one request function, one path builder, one error type)
-called synchronously, with plain JSON dicts in and out, as `kubectl get -o json` shows them.
+benchmarks: warmgate's one client (`warmgate_kube`: the official client's configuration and
+authentication, one request function, one path builder, one error type) called synchronously,
+with plain JSON dicts in and out, as `kubectl get -o json` shows them.
 
 kubectl itself (`DevCluster.kubectl`) is kept for what a user does with it: applying manifest
 files and showing objects, and for the tests of that experience.
@@ -14,19 +14,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from warmgate_operator.kube import ApiError, api_error, resource_path, send
-from warmgate_operator.objects import condition as find_condition
+from warmgate_kube.client import (
+    APPLY_PATCH,
+    MERGE_PATCH,
+    UNANSWERED,
+    ApiError,
+    api_error,
+    send,
+)
+from warmgate_kube.kinds import resource_path
+from warmgate_kube.objects import condition as find_condition
 
-__all__ = ["ApiError", "resource_path"]
-
-MERGE_PATCH = "application/merge-patch+json"
-APPLY_PATCH = "application/apply-patch+yaml"
-# What a request that got no answer raises (refused, reset, timed out), besides ApiError.
-UNANSWERED = (urllib3.exceptions.HTTPError, OSError)
+__all__ = ["APPLY_PATCH", "MERGE_PATCH", "UNANSWERED", "ApiError", "resource_path"]
 
 
 def load_client(kubeconfig: Path | str, *, retries: bool = True) -> k8s_client.ApiClient:

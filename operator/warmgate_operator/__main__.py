@@ -13,9 +13,10 @@ from collections.abc import Sequence
 
 import kopf
 
-from .config import ConfigError, OperatorConfig, load_config
+from warmgate_kube.client import KubeClient
+
+from .config import USER_AGENT, ConfigError, OperatorConfig, load_config
 from .handlers import register
-from .kube import KubeClient
 from .leader import LeaderElector
 from .metrics import Metrics
 from .runtime import Operator
@@ -58,7 +59,7 @@ def _fenced(elector: LeaderElector) -> None:
 def _elect(config: OperatorConfig, identity: str, metrics: Metrics) -> LeaderElector | None:
     """Block until this replica holds the Lease; None when leader election is off, or when
     it was asked to stop while standing by."""
-    client = KubeClient.from_environment(max_threads=1)
+    client = KubeClient.from_environment(USER_AGENT, max_threads=1)
     elector = LeaderElector(
         client.call_sync,
         config.lease_namespace,
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
     else:
         metrics.leader.set(1)
-    client = KubeClient.from_environment(max_threads=config.workers)
+    client = KubeClient.from_environment(USER_AGENT, max_threads=config.workers)
     if elector is not None:
         client.write_fence = elector.may_write
         client.on_fence = functools.partial(_fenced, elector)

@@ -18,11 +18,12 @@ from typing import Any
 
 from warmgate_contract.aliases import Resolution, claims_of, resolve
 from warmgate_contract.names import ALIAS_KIND, KIND, REASON_NAME_CONFLICT, REASON_RESOLVED
+from warmgate_kube.client import ApiError, KubeClient
+from warmgate_kube.kinds import EMBEDDING_ALIAS
+from warmgate_kube.objects import condition, rfc3339
 
 from .events import EventRecorder
-from .kube import EMBEDDING_ALIAS, ApiError, KubeClient
 from .metrics import Metrics
-from .objects import condition, rfc3339
 from .status import Condition, merge_conditions
 from .watch import Cache
 

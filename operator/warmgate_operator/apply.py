@@ -18,10 +18,10 @@ from typing import Any, Protocol
 from kubernetes.utils import parse_quantity as kubernetes_quantity
 
 from warmgate_contract.names import APPLIED_HASH_ANNOTATION
+from warmgate_kube.kinds import ResourceKind
 
 from .builders import content_hash
 from .config import FIELD_MANAGER
-from .kube import ResourceKind
 
 log = logging.getLogger("warmgate.apply")
 

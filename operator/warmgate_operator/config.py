@@ -18,6 +18,7 @@ from .spec import PULL_POLICIES
 
 DEFAULT_SERVER_IMAGE = "ghcr.io/warmgate/warmgate-server:0.1.0"
 FIELD_MANAGER = "warmgate"
+USER_AGENT = "warmgate-operator"
 LOG_FORMATS = ("json", "text")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # A Secret's name is a DNS subdomain (RFC 1123).

@@ -16,8 +16,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from warmgate_kube.watch import Key, Store
+
 from .metrics import Metrics
-from .watch import Key, Store
 
 logger = logging.getLogger(__name__)
 

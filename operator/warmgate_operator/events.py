@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from warmgate_contract.names import OPERATOR_NAME, REPORTING_COMPONENT
-
-from .kube import EVENT, ApiError
-from .objects import rfc3339
+from warmgate_kube.client import ApiError
+from warmgate_kube.kinds import EVENT
+from warmgate_kube.objects import rfc3339
 
 logger = logging.getLogger(__name__)
 

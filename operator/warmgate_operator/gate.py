@@ -33,9 +33,8 @@ from warmgate_contract.names import (
 )
 from warmgate_contract.report import DRAINING, FAILED, READY, UNHEALTHY, ReadyReport, ReportError
 from warmgate_contract.shapes import Shape, plan_warmup
-
-from .objects import condition as find_condition
-from .objects import parse_time
+from warmgate_kube.objects import condition as find_condition
+from warmgate_kube.objects import parse_time
 
 
 @dataclass(frozen=True)

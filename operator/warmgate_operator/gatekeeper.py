@@ -24,12 +24,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from warmgate_contract import names
+from warmgate_kube.objects import rfc3339
+from warmgate_kube.watch import resource_version
 
 from . import gate
 from .metrics import Metrics
-from .objects import rfc3339
 from .podclient import ERRORS, PodClient
-from .watch import resource_version
 
 log = logging.getLogger("warmgate.gate")
 

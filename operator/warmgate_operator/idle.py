@@ -27,8 +27,7 @@ from warmgate_contract.names import (
     WAKE_STATUS,
     WOKE_AT_FIELD,
 )
-
-from .objects import condition, parse_time, rfc3339
+from warmgate_kube.objects import condition, parse_time, rfc3339
 
 
 def parse_stamp(value: Any) -> float | None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .objects import micro_time
+from warmgate_kube.objects import micro_time
 
 log = logging.getLogger("warmgate.leader")
 

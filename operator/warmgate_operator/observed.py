@@ -25,12 +25,14 @@ from warmgate_contract.report import (
     parse_profile,
     render_profile,
 )
+from warmgate_kube.client import ApiError, KubeClient
+from warmgate_kube.kinds import EMBEDDING_SERVICE, POD
+from warmgate_kube.watch import Key
 
-from .kube import EMBEDDING_SERVICE, POD, ApiError, KubeClient
 from .podclient import ERRORS, PodClient
 from .spec import EmbeddingServiceSpec, ParsedSpecs, SpecError
 from .status import is_pod_ready
-from .watch import Cache, Key
+from .watch import Cache
 
 log = logging.getLogger("warmgate.observed")
 

@@ -16,24 +16,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from warmgate_contract.names import REASON_SCALED_TO_ZERO, SPEC_HASH_ANNOTATION
+from warmgate_kube.client import ApiError, KubeClient
+from warmgate_kube.kinds import CONFIGMAP, DEPLOYMENT, EMBEDDING_SERVICE, HPA, PDB, POD, SERVICE
+from warmgate_kube.objects import micro_time, parse_time, rfc3339
 
 from . import aliases, apply, idle
 from .builders import Owner, build_children, configmap_name
 from .config import OperatorConfig
 from .events import EventRecorder
-from .kube import (
-    CONFIGMAP,
-    DEPLOYMENT,
-    EMBEDDING_SERVICE,
-    HPA,
-    PDB,
-    POD,
-    SERVICE,
-    ApiError,
-    KubeClient,
-)
 from .metrics import Metrics
-from .objects import micro_time, parse_time, rfc3339
 from .roles import RoleKeeper
 from .spec import ParsedSpecs, SpecError
 from .status import (

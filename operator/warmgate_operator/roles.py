@@ -34,9 +34,9 @@ from warmgate_contract.names import (
     ROLE_STANDBY,
     SPEC_HASH_ANNOTATION,
 )
+from warmgate_kube.objects import condition, parse_time
 
 from .gate import expectation_for, restart_count
-from .objects import condition, parse_time
 from .podclient import ERRORS, PodClient
 
 logger = logging.getLogger(__name__)

@@ -19,14 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from warmgate_contract.names import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
-
-from . import stats
-from .aliases import AliasKeeper
-from .config import OperatorConfig
-from .controller import Controller
-from .events import EventRecorder
-from .gatekeeper import Gatekeeper
-from .kube import (
+from warmgate_kube.client import KubeClient
+from warmgate_kube.kinds import (
     CONFIGMAP,
     DEPLOYMENT,
     EMBEDDING_ALIAS,
@@ -35,16 +29,23 @@ from .kube import (
     PDB,
     POD,
     SERVICE,
-    KubeClient,
     ResourceKind,
 )
+from warmgate_kube.watch import DELETED, Event, Listing, Reflector, WatchSettings
+
+from . import stats
+from .aliases import AliasKeeper
+from .config import OperatorConfig
+from .controller import Controller
+from .events import EventRecorder
+from .gatekeeper import Gatekeeper
 from .metrics import Metrics
 from .observed import TrafficObserver
 from .podclient import PodClient
 from .reconcile import Reconciler
 from .roles import RoleKeeper
 from .spec import ParsedSpecs, SpecError
-from .watch import DELETED, Cache, Event, Listing, Reflector, WatchSettings
+from .watch import Cache
 
 log = logging.getLogger("warmgate.operator")
 

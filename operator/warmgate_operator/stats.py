@@ -9,8 +9,9 @@ import resource
 from pathlib import Path
 from typing import Any
 
+from warmgate_kube.client import KubeClient
+
 from .controller import Controller
-from .kube import KubeClient
 
 
 def snapshot(client: KubeClient, controller: Controller) -> dict[str, Any]:

@@ -25,10 +25,10 @@ from warmgate_contract.names import (
     SPEC_HASH_ANNOTATION,
     WARMED_CONDITION,
 )
+from warmgate_kube.objects import condition, parse_time
 
 from .builders import selector_string
 from .gate import loaded_identity, measured_memory
-from .objects import condition, parse_time
 from .roles import Member, count
 from .spec import EmbeddingServiceSpec
 

@@ -14,8 +14,10 @@ import sys
 import time
 from collections.abc import Sequence
 
+from warmgate_kube.client import KubeClient
+from warmgate_kube.watch import Reflector, WatchSettings
+
 from .config import RouterConfig, parse_args
-from .kube import Kube, Reflector
 from .metrics import Metrics
 from .proxy import Router, build_server
 from .view import ALIASES, SERVICES, SLICE_SELECTOR, SLICES, View
@@ -45,17 +47,33 @@ def setup_logging(config: RouterConfig) -> None:
     logging.basicConfig(level=config.log_level, handlers=[handler], force=True)
 
 
-def reflectors(kube: Kube, view: View, namespaces: Sequence[str]) -> list[Reflector]:
+USER_AGENT = "warmgate-router"
+WATCH = WatchSettings(backoff_initial_seconds=0.5, backoff_max_seconds=10.0)
+"""A router without its names and endpoints serves nothing: it tries again sooner than the
+operator does."""
+
+
+def reflectors(kube: KubeClient, view: View, namespaces: Sequence[str]) -> list[Reflector]:
     scopes: Sequence[str | None] = namespaces or (None,)
     return [
-        Reflector(kube, kind, namespace, view.on_listing, view.on_change, selector, kind is ALIASES)
+        Reflector(
+            kube,
+            view.store(kind),
+            view.take,
+            namespace,
+            selector,
+            WATCH,
+            optional=kind is ALIASES,
+        )
         for namespace in scopes
         for kind, selector in ((SERVICES, ""), (ALIASES, ""), (SLICES, SLICE_SELECTOR))
     ]
 
 
 async def serve(config: RouterConfig, drain_seconds: float = 5.0) -> None:
-    kube = Kube.from_environment()
+    # Two request threads: the router's only writes are a last-request stamp now and then
+    # and a scale from zero.
+    kube = KubeClient.from_environment(USER_AGENT, max_threads=2)
     view = View()
     metrics = Metrics()
     router = Router(config, view, kube, metrics)
@@ -95,7 +113,7 @@ async def serve(config: RouterConfig, drain_seconds: float = 5.0) -> None:
             await task
     await server.shutdown()
     await router.close()
-    await kube.close()
+    await kube.aclose()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

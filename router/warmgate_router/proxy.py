@@ -26,7 +26,6 @@ import socket
 import time
 from typing import Any
 
-import aiohttp
 import orjson
 
 from warmgate_contract.aliases import Resolution
@@ -37,6 +36,7 @@ from warmgate_contract.names import (
     ROUTER_HEADER,
     SERVICE_HEADER,
 )
+from warmgate_kube.client import MERGE_PATCH, UNANSWERED, ApiError, KubeClient
 
 from .balancer import Balancer
 from .config import RouterConfig
@@ -49,7 +49,6 @@ from .hold import (
     plan_hold,
 )
 from .httpd import Request, Response, Routes, Server, json_response
-from .kube import ApiError, Kube
 from .metrics import CONTENT_TYPE, Metrics
 from .upstream import Failed, NotSent, Upstream
 from .view import SERVICES, Key, View, activity_interval, replicas, scale_to_zero
@@ -121,7 +120,7 @@ def activity_stamp(moment: float | None = None) -> str:
 
 class Router:
     def __init__(
-        self, config: RouterConfig, view: View, kube: Kube | None, metrics: Metrics
+        self, config: RouterConfig, view: View, kube: KubeClient | None, metrics: Metrics
     ) -> None:
         self.config = config
         self.view = view
@@ -200,9 +199,9 @@ class Router:
                 "PATCH",
                 SERVICES.path(key[0], key[1]),
                 body,
-                content_type="application/merge-patch+json",
+                content_type=MERGE_PATCH,
             )
-        except (ApiError, aiohttp.ClientError, TimeoutError) as error:
+        except (ApiError, *UNANSWERED) as error:
             log.warning("%s/%s: could not record its last request: %s", *key, error)
             self._activity.pop(key, None)
 
@@ -227,14 +226,14 @@ class Router:
                     "PATCH",
                     path,
                     {"metadata": {"resourceVersion": version}, "spec": {"replicas": 1}},
-                    content_type="application/merge-patch+json",
+                    content_type=MERGE_PATCH,
                 )
                 break
             except ApiError as error:
                 if error.status == 409:
                     continue
                 log.warning("%s/%s: could not scale from zero: %s", *key, error)
-            except (aiohttp.ClientError, TimeoutError, KeyError) as error:
+            except (*UNANSWERED, KeyError) as error:
                 log.warning("%s/%s: could not scale from zero: %s", *key, error)
             self._woken.pop(key, None)
             return

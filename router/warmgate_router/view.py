@@ -11,24 +11,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmgate_contract.aliases import NameTable, Resolution, claims_of
-from warmgate_contract.names import (
-    ALIAS_PLURAL,
-    API_VERSION,
-    PLURAL,
-    SERVER_PORT_NAME,
-)
+from warmgate_contract.names import SERVER_PORT_NAME
+from warmgate_kube.kinds import EMBEDDING_ALIAS, EMBEDDING_SERVICE, ENDPOINT_SLICE, ResourceKind
+from warmgate_kube.watch import Change, Event, Key, Listing, Store, key_of
 
-from .kube import Kind
-
-SERVICES = Kind(API_VERSION, PLURAL)
-ALIASES = Kind(API_VERSION, ALIAS_PLURAL)
-SLICES = Kind("discovery.k8s.io/v1", "endpointslices")
+SERVICES = EMBEDDING_SERVICE
+ALIASES = EMBEDDING_ALIAS
+SLICES = ENDPOINT_SLICE
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 # The EndpointSlice controller copies a Service's labels onto its slices: the operator's
 # Services are labelled managed-by warmgate, so the router watches only their slices.
 SLICE_SELECTOR = "app.kubernetes.io/managed-by=warmgate"
-
-Key = tuple[str, str]  # (namespace, name)
 
 
 @dataclass(frozen=True)
@@ -45,11 +38,6 @@ class Endpoint:
     def url(self) -> str:
         host = f"[{self.address}]" if ":" in self.address else self.address
         return f"http://{host}:{self.port}"
-
-
-def _key(obj: dict[str, Any]) -> Key:
-    meta = obj["metadata"]
-    return meta.get("namespace", ""), meta["name"]
 
 
 def ready_endpoints(slices: Iterable[dict[str, Any]]) -> list[Endpoint]:
@@ -72,46 +60,53 @@ def ready_endpoints(slices: Iterable[dict[str, Any]]) -> list[Endpoint]:
 
 
 class View:
+    """The router's three Stores, filled by warmgate_kube Reflectors (`take` is their sink),
+    and what it derives from them at each change: the name table and the Ready endpoints."""
+
     def __init__(self) -> None:
-        self.services: dict[Key, dict[str, Any]] = {}
-        self.aliases: dict[Key, dict[str, Any]] = {}
-        self.slices: dict[Key, dict[str, Any]] = {}
+        self.services = Store(SERVICES)
+        self.aliases = Store(ALIASES)
+        self.slices = Store(SLICES)
         self.names = NameTable.build(())
         self.endpoints: dict[Key, list[Endpoint]] = {}
         self._available: dict[Key, asyncio.Event] = {}
         self.version = 0  # bumped on every change (for tests and /v1/models caching)
 
     # -- from the reflectors --------------------------------------------------------------
-    def _store(self, kind: Kind) -> dict[Key, dict[str, Any]]:
+    def store(self, kind: ResourceKind) -> Store:
         return {SERVICES: self.services, ALIASES: self.aliases, SLICES: self.slices}[kind]
 
-    def on_listing(self, kind: Kind, namespace: str | None, items: list[dict[str, Any]]) -> None:
-        store = self._store(kind)
-        for key in [k for k in store if namespace is None or k[0] == namespace]:
-            del store[key]
-        for obj in items:
-            store[_key(obj)] = obj
+    def take(self, event: Event) -> None:
+        """A Reflector's listing or change, already in the kind's Store."""
+        if isinstance(event, Listing):
+            self._refresh(event.kind)
+        elif isinstance(event, Change):
+            self._refresh(event.kind, event.obj)
+
+    def on_listing(
+        self, kind: ResourceKind, namespace: str | None, items: list[dict[str, Any]]
+    ) -> None:
+        """Hold exactly `items` of `kind` in `namespace` (all with None)."""
+        self.store(kind).replace(namespace, items)
         self._refresh(kind)
 
-    def on_change(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
-        store = self._store(kind)
-        if event == "DELETED":
-            store.pop(_key(obj), None)
-        else:
-            store[_key(obj)] = obj
+    def on_change(self, kind: ResourceKind, event: str, obj: dict[str, Any]) -> None:
+        """One object ADDED, MODIFIED or DELETED."""
+        self.store(kind).apply(event, obj)
         self._refresh(kind, obj)
 
-    def _refresh(self, kind: Kind, obj: dict[str, Any] | None = None) -> None:
+    def _refresh(self, kind: ResourceKind, obj: dict[str, Any] | None = None) -> None:
         self.version += 1
         if kind is SLICES:
             namespaces = {obj["metadata"].get("namespace", "")} if obj else None
             self._refresh_endpoints(namespaces)
         else:
-            self.names = NameTable.build(claims_of(self.services.values(), self.aliases.values()))
+            self.names = NameTable.build(claims_of(self.services, self.aliases))
 
     def _refresh_endpoints(self, namespaces: set[str] | None) -> None:
         grouped: dict[Key, list[dict[str, Any]]] = {}
-        for (namespace, _), item in self.slices.items():
+        for item in self.slices:
+            namespace = key_of(item)[0]
             if namespaces is not None and namespace not in namespaces:
                 continue
             service = (item["metadata"].get("labels") or {}).get(SERVICE_NAME_LABEL)
@@ -134,7 +129,7 @@ class View:
         return self.names.lookup(model)
 
     def service(self, key: Key) -> dict[str, Any] | None:
-        return self.services.get(key)
+        return self.services.get(*key)
 
     def ready(self, key: Key) -> list[Endpoint]:
         return self.endpoints.get(key, [])

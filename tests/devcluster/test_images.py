@@ -79,7 +79,12 @@ def test_the_router_image_is_rebuilt_when_any_file_it_copies_changes(tmp_path, m
         for line in dockerfile.splitlines()
         if line.startswith("COPY ") and not line.startswith("COPY --from")
     ]
-    sources = {"constraints.txt", "contract/warmgate_contract", "router/warmgate_router"}
+    sources = {
+        "constraints.txt",
+        "contract/warmgate_contract",
+        "kube/warmgate_kube",
+        "router/warmgate_router",
+    }
     assert set(copied) == sources
     for relative in ("router/Dockerfile", ".dockerignore", *copied):
         source, copy = ROOT / relative, tmp_path / relative

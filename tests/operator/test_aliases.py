@@ -8,9 +8,9 @@ from typing import Any
 
 from support.fakes import FakeClient
 
+from warmgate_kube.kinds import EMBEDDING_ALIAS, EMBEDDING_SERVICE
 from warmgate_operator.aliases import AliasKeeper, namespace_statuses, status_patch
 from warmgate_operator.events import EventRecorder
-from warmgate_operator.kube import EMBEDDING_ALIAS, EMBEDDING_SERVICE
 from warmgate_operator.metrics import Metrics
 
 OLD, NEW = "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"

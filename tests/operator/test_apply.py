@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.fakes import FakeClient
 
+from warmgate_kube.kinds import CONFIGMAP, DEPLOYMENT, HPA, SERVICE, ResourceKind
 from warmgate_operator import apply
 from warmgate_operator.builders import Owner, build_children
-from warmgate_operator.kube import CONFIGMAP, DEPLOYMENT, HPA, SERVICE, ResourceKind
 from warmgate_operator.spec import parse_spec
 
 OWNER = Owner("minilm", "default", "uid-owner")

@@ -403,8 +403,9 @@ def test_a_status_computed_from_an_older_read_does_not_overwrite_a_newer_one(
     observer's shapes stay."""
     import asyncio
 
+    from warmgate_kube.client import KubeClient
+    from warmgate_kube.kinds import EMBEDDING_SERVICE
     from warmgate_operator.builders import Owner
-    from warmgate_operator.kube import EMBEDDING_SERVICE, KubeClient
     from warmgate_operator.reconcile import write_status
 
     body = example("racy")
@@ -415,7 +416,7 @@ def test_a_status_computed_from_an_older_read_does_not_overwrite_a_newer_one(
     meta = read["metadata"]
     owner = Owner(name="racy", namespace=namespace, uid=meta["uid"])
     shapes = [{"batch_size": 8, "seq_len": 64, "count": 5}]
-    client = KubeClient(devcluster.api_client())
+    client = KubeClient(devcluster.api_client(), "warmgate-test")
     try:
 
         async def race() -> tuple[Any, Any]:

@@ -30,7 +30,7 @@ from support.cluster import (
 
 from warmgate_devcluster import procs
 from warmgate_devcluster.testkit import audit_writes, describe_audit, wait_until
-from warmgate_operator.kube import USER_AGENT as OPERATOR_USER_AGENT
+from warmgate_operator.config import USER_AGENT as OPERATOR_USER_AGENT
 
 pytestmark = pytest.mark.cluster
 

@@ -7,10 +7,10 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from warmgate_kube.kinds import EMBEDDING_SERVICE
+from warmgate_kube.watch import Store
 from warmgate_operator.controller import Controller
-from warmgate_operator.kube import EMBEDDING_SERVICE
 from warmgate_operator.metrics import Metrics
-from warmgate_operator.watch import Store
 
 
 @dataclass

@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 
 from warmgate_contract import names
+from warmgate_kube.client import ApiError
 from warmgate_operator import gate
 from warmgate_operator.gatekeeper import GateConfig, Gatekeeper
-from warmgate_operator.kube import ApiError
 from warmgate_operator.metrics import Metrics
 from warmgate_operator.podclient import read_capped
 

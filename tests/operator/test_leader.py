@@ -24,7 +24,7 @@ from support.cluster import (
 
 from warmgate_devcluster import procs
 from warmgate_devcluster.testkit import wait_until
-from warmgate_operator.kube import KubeClient
+from warmgate_kube.client import KubeClient
 from warmgate_operator.leader import LeaderElector
 
 pytestmark = pytest.mark.cluster
@@ -39,7 +39,7 @@ def crd(devcluster: Any) -> None:
 
 @pytest.fixture
 def client(devcluster: Any):
-    kube = KubeClient(devcluster.api_client())
+    kube = KubeClient(devcluster.api_client(), "warmgate-test")
     yield kube
     kube.close()
 

@@ -10,7 +10,8 @@ from aiohttp import web
 
 from warmgate_contract.names import SERVICE_LABEL
 from warmgate_contract.report import ReadyReport
-from warmgate_operator.kube import EMBEDDING_SERVICE, POD, ApiError
+from warmgate_kube.client import ApiError
+from warmgate_kube.kinds import EMBEDDING_SERVICE, POD
 from warmgate_operator.metrics import Metrics
 from warmgate_operator.observed import (
     TrafficObserver,

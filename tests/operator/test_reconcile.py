@@ -18,18 +18,10 @@ from warmgate_contract.names import (
     ROLE_SERVING,
     SERVICE_LABEL,
 )
+from warmgate_kube.kinds import CONFIGMAP, DEPLOYMENT, EMBEDDING_SERVICE, HPA, PDB, POD, SERVICE
 from warmgate_operator import idle
 from warmgate_operator.config import OperatorConfig
 from warmgate_operator.events import EventRecorder
-from warmgate_operator.kube import (
-    CONFIGMAP,
-    DEPLOYMENT,
-    EMBEDDING_SERVICE,
-    HPA,
-    PDB,
-    POD,
-    SERVICE,
-)
 from warmgate_operator.metrics import Metrics
 from warmgate_operator.reconcile import Reconciler
 
@@ -214,7 +206,7 @@ async def test_an_older_alias_of_the_services_own_name_is_a_conflict_condition()
     """An EmbeddingAlias older than the EmbeddingService of its name keeps that name on
     warmgate-router: the EmbeddingService's Conflict condition says so, naming both, and
     turns False again once the alias is gone. The service itself still serves."""
-    from warmgate_operator.kube import EMBEDDING_ALIAS
+    from warmgate_kube.kinds import EMBEDDING_ALIAS
 
     client = FakeClient()
     body = new_es(client)

@@ -14,11 +14,11 @@ from typing import Any
 from support.fakes import FakeClient
 
 from warmgate_contract import names
+from warmgate_kube.kinds import DEPLOYMENT, EMBEDDING_ALIAS, EMBEDDING_SERVICE, POD, ResourceKind
+from warmgate_kube.watch import WatchSettings
 from warmgate_operator.config import OperatorConfig
-from warmgate_operator.kube import DEPLOYMENT, EMBEDDING_ALIAS, EMBEDDING_SERVICE, POD, ResourceKind
 from warmgate_operator.metrics import Metrics
 from warmgate_operator.runtime import MANAGED_SELECTOR, Operator
-from warmgate_operator.watch import WatchSettings
 
 from .test_reconcile import new_es
 

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from warmgate_devcluster import testkit
 from warmgate_devcluster.testkit import UNMAPPED_IMAGE, install_crd  # noqa: F401 - re-exported
-from warmgate_operator.kube import WRITE_METHODS
+from warmgate_kube.client import WRITE_METHODS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "minilm.yaml"

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from warmgate_contract.names import MANAGED_BY, MANAGED_BY_LABEL
-from warmgate_operator.kube import EMBEDDING_ALIAS, EMBEDDING_SERVICE, ApiError, ResourceKind
+from warmgate_kube.client import ApiError
+from warmgate_kube.kinds import EMBEDDING_ALIAS, EMBEDDING_SERVICE, ResourceKind
 from warmgate_operator.runtime import CHILD_KINDS
 from warmgate_operator.watch import Cache
 

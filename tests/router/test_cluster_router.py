@@ -1,6 +1,7 @@
-"""The router's watches on a real apiserver (the devcluster's control plane): a listing, then
-the changes, into the View the router forwards by; a kind that is not served (the alias CRD
-missing after a `helm upgrade`) counts as none, so the router still becomes ready."""
+"""The router's watches and writes on a real apiserver (the devcluster's control plane): a
+listing, then the changes, into the View the router forwards by (warmgate_kube's Reflectors, as
+`python -m warmgate_router` builds them); a kind that is not served (the alias CRD missing after
+a `helm upgrade`) counts as none, so the router still becomes ready."""
 
 from __future__ import annotations
 
@@ -9,23 +10,20 @@ import contextlib
 import time
 
 import pytest
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 from support.cluster import example, install_crd
 
 from warmgate_devcluster import kubeapi
-from warmgate_router.kube import Kind, Kube, Reflector
-from warmgate_router.view import ALIASES, SERVICES, SLICES, View
+from warmgate_kube.client import KubeClient
+from warmgate_kube.kinds import ResourceKind
+from warmgate_kube.watch import Listing, Reflector, Store
+from warmgate_router.__main__ import USER_AGENT, WATCH, reflectors
+from warmgate_router.view import SERVICES, View
 
 pytestmark = pytest.mark.cluster
 
 
-def router_kube(devcluster) -> Kube:
-    configuration = k8s_client.Configuration()
-    k8s_config.load_kube_config(
-        config_file=devcluster.kubeconfig, client_configuration=configuration
-    )
-    return Kube(configuration)
+def router_kube(devcluster) -> KubeClient:
+    return KubeClient.from_kubeconfig(devcluster.kubeconfig, USER_AGENT, max_threads=2)
 
 
 async def until(check, seconds: float = 30) -> None:
@@ -40,13 +38,10 @@ async def test_names_and_endpoints_follow_the_cluster(devcluster, namespace) -> 
     install_crd(devcluster)
     kube = router_kube(devcluster)
     view = View()
-    reflectors = [
-        Reflector(kube, kind, namespace, view.on_listing, view.on_change, optional=kind is ALIASES)
-        for kind in (SERVICES, ALIASES, SLICES)
-    ]
-    tasks = [asyncio.create_task(r.run()) for r in reflectors]
+    watching = reflectors(kube, view, [namespace])
+    tasks = [asyncio.create_task(r.run()) for r in watching]
     try:
-        await asyncio.wait_for(asyncio.gather(*(r.synced.wait() for r in reflectors)), 30)
+        await asyncio.wait_for(asyncio.gather(*(r.synced.wait() for r in watching)), 30)
         assert view.lookup("docs") == "no model named 'docs'"
         body = example("docs")
         kubeapi.call(devcluster.api, "POST", kubeapi.resource_path(
@@ -87,22 +82,22 @@ async def test_names_and_endpoints_follow_the_cluster(devcluster, namespace) -> 
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await kube.close()
+        await kube.aclose()
 
 
 async def test_a_kind_the_apiserver_does_not_serve_counts_as_none_when_optional(
     devcluster, namespace
 ) -> None:
     kube = router_kube(devcluster)
-    missing = Kind("warmgate.dev/v1alpha1", "nosuchthings")
-    seen: list[list] = []
-    optional = Reflector(kube, missing, namespace, lambda k, n, items: seen.append(items),
-                         lambda *a: None, optional=True)  # fmt: skip
-    required = Reflector(kube, missing, namespace, lambda *a: None, lambda *a: None)
+    missing = ResourceKind("warmgate.dev/v1alpha1", "NoSuchThing", "nosuchthings")
+    seen: list = []
+    optional = Reflector(kube, Store(missing), seen.append, namespace, settings=WATCH,
+                         optional=True)  # fmt: skip
+    required = Reflector(kube, Store(missing), lambda event: None, namespace, settings=WATCH)
     tasks = [asyncio.create_task(optional.run()), asyncio.create_task(required.run())]
     try:
         await asyncio.wait_for(optional.synced.wait(), 30)
-        assert seen == [[]]
+        assert [(type(e), e.objects) for e in seen] == [(Listing, ())]
         await asyncio.sleep(2)
         assert not required.synced.is_set()  # a kind the router needs keeps it unready
     finally:
@@ -111,7 +106,7 @@ async def test_a_kind_the_apiserver_does_not_serve_counts_as_none_when_optional(
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await kube.close()
+        await kube.aclose()
 
 
 async def test_a_request_records_activity_and_wakes_a_service_at_zero(devcluster, namespace):
@@ -134,7 +129,7 @@ async def test_a_request_records_activity_and_wakes_a_service_at_zero(devcluster
     kubeapi.call(devcluster.api, "POST", path, body)
     kube = router_kube(devcluster)
     view = View()
-    reflector = Reflector(kube, SERVICES, namespace, view.on_listing, view.on_change)
+    reflector = Reflector(kube, view.store(SERVICES), view.take, namespace, settings=WATCH)
     task = asyncio.create_task(reflector.run())
     router = Router(RouterConfig(activity_seconds=60.0), view, kube, Metrics())
     key = (namespace, "sleepy")
@@ -175,4 +170,4 @@ async def test_a_request_records_activity_and_wakes_a_service_at_zero(devcluster
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        await kube.close()
+        await kube.aclose()

@@ -1,10 +1,11 @@
-"""A small generic Kubernetes client: raw JSON dicts in and out, any kind, awaitable.
+"""warmgate's one Kubernetes client, for the operator, the router and the devcluster: raw JSON
+dicts in and out, any kind, awaitable.
 
 It rides on the official client's configuration and authentication (kubeconfig, in-cluster
-service account, token refresh) but skips its model classes: the operator works with plain
-dicts from the builders. Calls run in a bounded thread pool so the event loop never blocks;
-watch streams, which stay open for minutes, are read with aiohttp on the event loop itself
-(same server, certificates and token), one connection each.
+service account, token refresh) but skips its model classes: callers work with plain dicts.
+Calls run in a bounded thread pool so the event loop never blocks; watch streams, which stay
+open for minutes, are read with aiohttp on the event loop itself (same server, certificates and
+token), one connection each.
 """
 
 from __future__ import annotations
@@ -16,54 +17,26 @@ import ssl
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 import aiohttp
+import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from warmgate_contract.names import ALIAS_KIND, ALIAS_PLURAL, API_VERSION, KIND, PLURAL
+from .kinds import ResourceKind
 
 logger = logging.getLogger(__name__)
 
-USER_AGENT = "warmgate-operator"
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
-
-@dataclass(frozen=True)
-class ResourceKind:
-    api_version: str
-    kind: str
-    plural: str
-
-    def path(
-        self, namespace: str | None, name: str | None = None, subresource: str | None = None
-    ) -> str:
-        """The object's path; a collection's without `name`, every namespace's with
-        `namespace` None."""
-        return resource_path(self.api_version, self.plural, namespace, name, subresource)
-
-
-def resource_path(
-    api_version: str,
-    plural: str,
-    namespace: str | None = None,
-    name: str | None = None,
-    subresource: str | None = None,
-) -> str:
-    """`/api/v1/namespaces/NS/pods/NAME`, `/apis/GROUP/VERSION/PLURAL`, ..."""
-    path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    if namespace is not None:
-        path += f"/namespaces/{quote(namespace, safe='')}"
-    path += f"/{plural}"
-    if name is not None:
-        path += "/" + quote(name, safe="")
-    if subresource is not None:
-        path += "/" + subresource
-    return path
+MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+UNANSWERED = (urllib3.exceptions.HTTPError, OSError, aiohttp.ClientError, TimeoutError)
+"""What a call that got no answer raises (refused, reset, timed out), besides ApiError: urllib3's
+and the OS's errors from the request threads, aiohttp's from the watch streams."""
 
 
 def send(
@@ -97,18 +70,6 @@ def send(
         return error.status or 0, data if isinstance(data, bytes) else str(data).encode()
 
 
-CONFIGMAP = ResourceKind("v1", "ConfigMap", "configmaps")
-SERVICE = ResourceKind("v1", "Service", "services")
-POD = ResourceKind("v1", "Pod", "pods")
-EVENT = ResourceKind("v1", "Event", "events")
-DEPLOYMENT = ResourceKind("apps/v1", "Deployment", "deployments")
-HPA = ResourceKind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers")
-PDB = ResourceKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
-EMBEDDING_SERVICE = ResourceKind(API_VERSION, KIND, PLURAL)
-EMBEDDING_ALIAS = ResourceKind(API_VERSION, ALIAS_KIND, ALIAS_PLURAL)
-MERGE_PATCH = "application/merge-patch+json"
-
-
 class ApiError(Exception):
     """A Kubernetes API call failed; `status` is the HTTP status (0 when none came back)."""
 
@@ -130,9 +91,11 @@ class KubeClient:
     `write_fence`, when set, is asked before every write: a replica that may have lost its
     leader Lease writes nothing (`on_fence` is called and the write raises NotLeader)."""
 
-    def __init__(self, api_client: k8s_client.ApiClient, max_threads: int = 8) -> None:
+    def __init__(
+        self, api_client: k8s_client.ApiClient, user_agent: str, max_threads: int = 8
+    ) -> None:
         self._api = api_client
-        self._api.user_agent = USER_AGENT
+        self._api.user_agent = self.user_agent = user_agent
         self._executor = ThreadPoolExecutor(max_threads, thread_name_prefix="kube")
         self._streams: aiohttp.ClientSession | None = None
         self.requests: Counter[str] = Counter()
@@ -142,15 +105,23 @@ class KubeClient:
         self.on_fence: Callable[[], None] = lambda: None
 
     @classmethod
-    def from_environment(cls, max_threads: int = 8) -> KubeClient:
+    def from_environment(cls, user_agent: str, max_threads: int = 8) -> KubeClient:
         """In-cluster service account when running in a pod, else the kubeconfig."""
         configuration = k8s_client.Configuration()
         try:
             k8s_config.load_incluster_config(client_configuration=configuration)
         except k8s_config.ConfigException:
             k8s_config.load_kube_config(client_configuration=configuration)
-        configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, 16)
-        return cls(k8s_client.ApiClient(configuration), max_threads=max_threads)
+        return cls(_pooled(configuration, max_threads), user_agent, max_threads)
+
+    @classmethod
+    def from_kubeconfig(
+        cls, kubeconfig: Path | str, user_agent: str, max_threads: int = 8
+    ) -> KubeClient:
+        """The kubeconfig file's user (tests, benchmarks, tools)."""
+        configuration = k8s_client.Configuration()
+        k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+        return cls(_pooled(configuration, max_threads), user_agent, max_threads)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -257,7 +228,7 @@ class KubeClient:
         path = kind.path(namespace)
         self.requests[f"WATCH {_resource_of(path)}"] += 1
         configuration = self._api.configuration
-        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        headers = {"Accept": "application/json", "User-Agent": self.user_agent}
         for setting in configuration.auth_settings().values():
             if setting["in"] == "header" and setting["value"]:
                 headers[setting["key"]] = setting["value"]
@@ -341,6 +312,13 @@ class KubeClient:
         self, kind: ResourceKind, namespace: str, body: Mapping[str, Any]
     ) -> dict[str, Any]:
         return await self.request("POST", kind.path(namespace), body=dict(body))
+
+
+def _pooled(configuration: k8s_client.Configuration, threads: int) -> k8s_client.ApiClient:
+    """An ApiClient whose connection pool holds a connection for each request thread, and
+    more: urllib3 would otherwise open and close one per call beyond its default of 4."""
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, 2 * threads)
+    return k8s_client.ApiClient(configuration)
 
 
 def _ssl_context(configuration: k8s_client.Configuration) -> ssl.SSLContext | bool:

@@ -11,8 +11,9 @@ from typing import Any
 
 import aiohttp
 
-from warmgate_operator.kube import POD, ApiError, ResourceKind
-from warmgate_operator.watch import Change, Listing, Reflector, Store, WatchSettings
+from warmgate_kube.client import ApiError
+from warmgate_kube.kinds import POD, ResourceKind
+from warmgate_kube.watch import Change, Listing, Reflector, Store, WatchSettings
 
 FAST = WatchSettings(backoff_initial_seconds=0.001, backoff_max_seconds=0.01)
 QUIET = object()
