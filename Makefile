@@ -89,6 +89,11 @@ status: ## Show what the devcluster is running
 chart-sync: install ## Copy the CRD and the operator's and router's RBAC rules into the Helm chart
 	$(PY) tools/sync-chart.py
 
+.PHONY: crd-defaults
+crd-defaults: install ## Write the spec model's defaults (operator spec.py) into the CRD, then its copies
+	$(PY) tools/gen-crd-defaults.py
+	$(MAKE) chart-sync docs
+
 .PHONY: docs
 docs: install ## Regenerate docs/api-reference.md from the CRD
 	$(PY) tools/gen-api-docs.py

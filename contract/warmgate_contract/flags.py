@@ -8,7 +8,7 @@ judges a pod by what its own template asks).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -262,13 +262,32 @@ BY_DEST: Mapping[str, Flag] = {flag.dest: flag for flag in FLAGS}
 DEFAULTS: Mapping[str, Any] = {flag.dest: flag.default for flag in FLAGS}
 
 
-def render_args(values: Mapping[str, Any]) -> list[str]:
+def render_args(
+    values: Mapping[str, Any], *, leave_out_defaults: Collection[str] = ()
+) -> list[str]:
     """Command-line items for `values` ({dest: value}), in the table's order; None is left out
-    (the server's default applies)."""
-    unknown = set(values) - set(BY_DEST)
+    (the server's default applies), and so is the value of a flag named in
+    `leave_out_defaults` that the server would read as that flag's own default."""
+    unknown = (set(values) | set(leave_out_defaults)) - set(BY_DEST)
     if unknown:
         raise KeyError(f"not server flags: {sorted(unknown)}")
-    return [flag.render(values[flag.dest]) for flag in FLAGS if values.get(flag.dest) is not None]
+    return [
+        flag.render(values[flag.dest])
+        for flag in FLAGS
+        if values.get(flag.dest) is not None
+        and not (flag.dest in leave_out_defaults and _reads_as_default(flag, values[flag.dest]))
+    ]
+
+
+def _reads_as_default(flag: Flag, value: Any) -> bool:
+    """Whether the server, given `value` for `flag`, reads the flag's default: what it reads
+    with the flag left out, where no environment twin is set."""
+    if flag.default is None:
+        return False
+    try:
+        return read_args([flag.render(value)]) == {flag.dest: flag.default}
+    except (KeyError, ValueError):
+        return False
 
 
 def read_args(args: Sequence[str], environ: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -213,6 +213,13 @@ def model_source_parts(
     return env, mounts, volumes
 
 
+LEFT_OUT_AT_DEFAULT = ("packing", "cuda_graphs", "backend", "memory_policy")
+"""Server flags written only when they differ from the server's default: the ones added after
+pods were running, so that an operator upgrade changes no pod template (and rolls no pod). The
+others are written always, as they always were; leaving them out too would roll every pod once,
+and let a `WARMGATE_*` variable in spec.env win over what the spec says."""
+
+
 def server_args(spec: EmbeddingServiceSpec) -> list[str]:
     """The server's flags (the contract's table), one `--flag=value` item each."""
     model, batching, warmup = spec.model, spec.batching, spec.warmup
@@ -235,11 +242,9 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
             "openai_token_ids": model.openai_token_ids,
             "default_prompt_name": model.default_prompt_name,
             "default_prompt": model.default_prompt,
-            # auto is the server's default: left out, so existing pod templates do not change.
-            "packing": None if spec.runtime.packing == "auto" else spec.runtime.packing,
-            "cuda_graphs": None if spec.runtime.cuda_graphs == "auto" else spec.runtime.cuda_graphs,
-            # torch is the server's default: left out, so existing pod templates do not change.
-            "backend": None if spec.runtime.backend == "torch" else spec.runtime.backend,
+            "packing": spec.runtime.packing,
+            "cuda_graphs": spec.runtime.cuda_graphs,
+            "backend": spec.runtime.backend,
             # The export kept in the pod's cache emptyDir: a restarted container (killed, or
             # restarted by its liveness probe) opens it instead of exporting again.
             "compile_cache": COMPILE_CACHE_DIR if spec.runtime.backend == "onnxruntime" else None,
@@ -255,8 +260,7 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
             "warmup_profile": PROFILE_PATH,
             "pad_batch": batching.pad_batch,
             "warmup": warmup.enabled,
-            # refuse is the server's default: left out, so existing pod templates do not change.
-            "memory_policy": None if warmup.memory_policy == "refuse" else warmup.memory_policy,
+            "memory_policy": warmup.memory_policy,
             "warmup_cpus": warmup_cpus(spec),
             "drain_seconds": spec.rollout.drain_seconds,
             "request_timeout": batching.request_timeout_seconds,
@@ -264,7 +268,8 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
             "forward_timeout": spec.probes.forward_timeout_seconds,
             "fault_threshold": spec.probes.fault_threshold,
             "fault_restart_seconds": spec.probes.fault_restart_seconds,
-        }
+        },
+        leave_out_defaults=LEFT_OUT_AT_DEFAULT,
     )
 
 

@@ -1,16 +1,22 @@
-"""The EmbeddingService spec as typed, frozen values, with the CRD's defaults.
+"""The EmbeddingService spec as typed, frozen values, and the one source of its defaults.
 
-The apiserver already applies the CRD schema's defaults; parsing applies the same defaults again
-so that the builders never see a missing field (an object stored before a default was added, or a
-unit test that writes a minimal spec). `tests/operator/test_crd.py` checks that the two agree.
+The dataclasses below declare every default; `parse_spec` reads a field left out as its
+dataclass default and writes none of its own, so the builders never see a missing field (an
+object stored before a default was added, or a unit test that writes a minimal spec). The CRD's
+schema declares the same defaults for the apiserver to apply: tools/gen-crd-defaults.py writes
+them there (spec_defaults.py spells them as CRD paths) and `tests/operator/test_crd.py` holds
+the two equal. A few fields have none on purpose: unset means something (trustRemoteCode,
+normalize, pooling), or the operator computes the value (the CPU target, the startup budget, the
+resources builders.py fills in).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from warmgate_contract import flags
@@ -298,6 +304,79 @@ class EmbeddingServiceSpec:
         return self.replicas
 
 
+_WORD_BREAK = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def field_name(key: str) -> str:
+    """The spec model's field for a key of the CRD's schema: `maxBatchSize` ->
+    `max_batch_size`, `targetCPUUtilizationPercentage` -> `target_cpu_utilization_percentage`."""
+    return _WORD_BREAK.sub("_", key).lower()
+
+
+def defaults_of(model: Any) -> dict[str, Any]:
+    """{field: default} of a spec model class (its declared defaults; a field without one is
+    left out), or of a value of one (its own fields: autoscaling's default scaleDown rules)."""
+    if not isinstance(model, type):
+        return {item.name: getattr(model, item.name) for item in fields(model)}
+    found = {}
+    for item in fields(model):
+        if item.default is not MISSING:
+            found[item.name] = item.default
+        elif item.default_factory is not MISSING:
+            found[item.name] = item.default_factory()
+    return found
+
+
+_MODEL_DEFAULT: Any = object()
+
+
+class _Given:
+    """One object of the raw spec, read key by key: a key left out (or null) takes the spec
+    model's default for the field of the same name, so parsing writes no default of its own."""
+
+    def __init__(self, raw: Mapping[str, Any], where: str, model: Any) -> None:
+        self.raw = raw
+        self.where = where
+        self._defaults = defaults_of(model)
+
+    def default(self, key: str) -> Any:
+        return self._defaults[field_name(key)]
+
+    def value(self, key: str) -> Any:
+        return _get(self.raw, key, self.default(key))
+
+    def text(self, key: str) -> str:
+        return str(self.value(key))
+
+    def boolean(self, key: str) -> bool:
+        return bool(self.value(key))
+
+    def optional_boolean(self, key: str) -> bool | None:
+        value = self.value(key)
+        return None if value is None else bool(value)
+
+    def integer(self, key: str, default: Any = _MODEL_DEFAULT) -> Any:
+        """An integer, or None where the field's default is None and none is given."""
+        value = _get(self.raw, key, self.default(key) if default is _MODEL_DEFAULT else default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(f"{self.where}.{key} must be an integer, got {value!r}")
+        return value
+
+    def integers(self, key: str) -> tuple[int, ...]:
+        values = self.value(key)
+        if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise SpecError(f"{self.where}.{key} must be a non-empty list of integers")
+        return tuple(values)
+
+    def section(self, key: str, model: Any = _MODEL_DEFAULT) -> _Given:
+        """A nested object, read with `model`'s defaults (unset: this field's own default,
+        e.g. the scaleUp rules of autoscaling)."""
+        model = self.default(key) if model is _MODEL_DEFAULT else model
+        return _Given(_section(self.raw, key), f"{self.where}.{key}", model)
+
+
 def _get(raw: Mapping[str, Any], key: str, default: Any) -> Any:
     value = raw.get(key)
     return default if value is None else value
@@ -312,15 +391,6 @@ def _section(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value
 
 
-def _int(raw: Mapping[str, Any], key: str, default: Any, where: str) -> Any:
-    value = _get(raw, key, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f"{where}.{key} must be an integer, got {value!r}")
-    return value
-
-
 def _items(raw: Mapping[str, Any], key: str) -> tuple[Mapping[str, Any], ...]:
     value = raw.get(key) or []
     if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
@@ -328,226 +398,77 @@ def _items(raw: Mapping[str, Any], key: str) -> tuple[Mapping[str, Any], ...]:
     return tuple(dict(item) for item in value)
 
 
-def _optional_bool(value: Any) -> bool | None:
-    return None if value is None else bool(value)
-
-
-def _ints(
-    raw: Mapping[str, Any], key: str, default: tuple[int, ...], where: str
-) -> tuple[int, ...]:
-    values = _get(raw, key, default)
-    if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise SpecError(f"{where}.{key} must be a non-empty list of integers")
-    return tuple(values)
-
-
-def _scaling(raw: Mapping[str, Any], default: ScalingRules, where: str) -> ScalingRules:
-    return ScalingRules(
-        stabilization_window_seconds=_int(
-            raw, "stabilizationWindowSeconds", default.stabilization_window_seconds, where
-        ),
-        max_pods_per_period=_int(raw, "maxPodsPerPeriod", None, where),
-        max_percent_per_period=_int(raw, "maxPercentPerPeriod", None, where),
-        period_seconds=_int(raw, "periodSeconds", default.period_seconds, where),
-    )
-
-
-def _scale_to_zero(autoscaling: Mapping[str, Any]) -> ScaleToZeroSpec | None:
-    if autoscaling.get("scaleToZero") is None:
-        return None
-    raw = _section(autoscaling, "scaleToZero")
-    where = "spec.autoscaling.scaleToZero"
-    return ScaleToZeroSpec(_int(raw, "idleSeconds", ScaleToZeroSpec.idle_seconds, where))
-
-
-def _model_source(model_raw: Mapping[str, Any]) -> ModelSource:
+def _model_source(model: Mapping[str, Any]) -> ModelSource:
     """`spec.model.source` (one of hub, volume, image, baked; unset: hub). The older
     `spec.model.volume` still means `source.volume`."""
-    raw = dict(_section(model_raw, "source"))
-    if model_raw.get("volume"):
+    raw = dict(_section(model, "source"))
+    if model.get("volume"):
         if raw:
             raise SpecError(
                 "spec.model.volume is the older spelling of spec.model.source.volume: set one"
             )
-        raw = {"volume": model_raw["volume"]}
+        raw = {"volume": model["volume"]}
     given = [kind for kind in SOURCES if raw.get(kind) is not None]
     if len(given) > 1:
         raise SpecError(f"spec.model.source takes one of {', '.join(SOURCES)}, got {given}")
-    kind = given[0] if given else "hub"
+    kind = given[0] if given else ModelSource.kind
     where = f"spec.model.source.{kind}"
     part = _section(raw, kind) if kind in raw else {}
     if kind == "hub":
+        hub = _Given(part, where, HubSource)
         secret = _section(part, "tokenSecret")
         if secret and not secret.get("name"):
             raise SpecError(f"{where}.tokenSecret.name is required when tokenSecret is set")
-        offline = bool(_get(part, "offline", False))
+        offline = hub.boolean("offline")
         if offline and not part.get("cacheClaimName"):
             raise SpecError(f"{where}.offline needs {where}.cacheClaimName (a cache to read)")
-        hub = HubSource(
-            endpoint=part.get("endpoint") or None,
-            token_secret=secret.get("name") or None,
-            token_key=_get(secret, "key", "token"),
-            cache_claim_name=part.get("cacheClaimName") or None,
-            offline=offline,
+        return ModelSource(
+            "hub",
+            hub=HubSource(
+                endpoint=part.get("endpoint") or None,
+                token_secret=secret.get("name") or None,
+                token_key=_get(secret, "key", HubSource.token_key),
+                cache_claim_name=part.get("cacheClaimName") or None,
+                offline=offline,
+            ),
         )
-        return ModelSource("hub", hub=hub)
     if kind == "volume":
+        volume = _Given(part, where, VolumeSource)
         if not part.get("claimName"):
             raise SpecError(f"{where}.claimName is required")
-        layout = _get(part, "layout", "folder")
+        layout = volume.value("layout")
         if layout not in VOLUME_LAYOUTS:
             raise SpecError(f"{where}.layout must be one of {', '.join(VOLUME_LAYOUTS)}")
-        volume = VolumeSource(part["claimName"], _get(part, "path", ""), layout)
-        return ModelSource("volume", volume=volume)
+        return ModelSource(
+            "volume", volume=VolumeSource(part["claimName"], volume.value("path"), layout)
+        )
     if kind == "image":
+        image = _Given(part, where, ImageSource)
         if not part.get("reference"):
             raise SpecError(f"{where}.reference is required: the image holding the model")
-        pull = _get(part, "pullPolicy", "IfNotPresent")
-        if pull not in PULL_POLICIES:
+        pull_policy = image.value("pullPolicy")
+        if pull_policy not in PULL_POLICIES:
             raise SpecError(f"{where}.pullPolicy must be one of {', '.join(PULL_POLICIES)}")
-        image = ImageSource(part["reference"], pull, _get(part, "path", ""))
-        return ModelSource("image", image=image)
+        return ModelSource(
+            "image", image=ImageSource(part["reference"], pull_policy, image.value("path"))
+        )
     return ModelSource("baked", baked=BakedSource(part.get("path") or None))
 
 
 def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
-    """Read `EmbeddingService.spec` into typed values, applying the CRD's defaults."""
-    model_raw = _section(raw, "model")
-    model_id = model_raw.get("id")
-    if not isinstance(model_id, str) or not model_id:
-        raise SpecError("spec.model.id is required: a Hugging Face id or a folder name")
-    source = _model_source(model_raw)
-    model = ModelSpec(
-        id=model_id,
-        revision=_get(model_raw, "revision", "main"),
-        served_name=model_raw.get("servedName"),
-        pooling=_get(model_raw, "pooling", None),
-        normalize=_optional_bool(_get(model_raw, "normalize", None)),
-        max_input_length=_int(model_raw, "maxInputLength", None, "spec.model"),
-        auto_truncate=bool(_get(model_raw, "autoTruncate", False)),
-        trust_remote_code=_optional_bool(_get(model_raw, "trustRemoteCode", None)),
-        openai_token_ids=_get(model_raw, "openaiTokenIds", "cl100k_base"),
-        default_prompt_name=_get(model_raw, "defaultPromptName", None),
-        default_prompt=_get(model_raw, "defaultPrompt", None),
-        source=source,
-    )
-
-    runtime_raw = _section(raw, "runtime")
-    runtime = RuntimeSpec(
-        device=_get(runtime_raw, "device", "cpu"),
-        dtype=_get(runtime_raw, "dtype", "float32"),
-        packing=_get(runtime_raw, "packing", "auto"),
-        cuda_graphs=_get(runtime_raw, "cudaGraphs", "auto"),
-        tokenization_workers=_int(runtime_raw, "tokenizationWorkers", None, "spec.runtime"),
-        backend=_get(runtime_raw, "backend", "torch"),
-    )
-
-    b = _section(raw, "batching")
-    d = BatchingSpec()
-    batching = BatchingSpec(
-        max_batch_size=_int(b, "maxBatchSize", d.max_batch_size, "spec.batching"),
-        max_batch_tokens=_int(b, "maxBatchTokens", d.max_batch_tokens, "spec.batching"),
-        max_wait_milliseconds=_int(
-            b, "maxWaitMilliseconds", d.max_wait_milliseconds, "spec.batching"
-        ),
-        max_client_batch_size=_int(
-            b, "maxClientBatchSize", d.max_client_batch_size, "spec.batching"
-        ),
-        max_concurrent_requests=_int(
-            b, "maxConcurrentRequests", d.max_concurrent_requests, "spec.batching"
-        ),
-        payload_limit_bytes=_int(b, "payloadLimitBytes", d.payload_limit_bytes, "spec.batching"),
-        pad_batch=bool(_get(b, "padBatch", d.pad_batch)),
-        request_timeout_seconds=_int(
-            b, "requestTimeoutSeconds", d.request_timeout_seconds, "spec.batching"
-        ),
-        body_timeout_seconds=_int(b, "bodyTimeoutSeconds", d.body_timeout_seconds, "spec.batching"),
-    )
-
-    w = _section(raw, "warmup")
-    dw = WarmupSpec()
-    o = _section(w, "observedTraffic")
-    do = ObservedTrafficSpec()
-    warmup = WarmupSpec(
-        enabled=bool(_get(w, "enabled", dw.enabled)),
-        batch_sizes=_ints(w, "batchSizes", dw.batch_sizes, "spec.warmup"),
-        sequence_buckets=_ints(w, "sequenceBuckets", dw.sequence_buckets, "spec.warmup"),
-        memory_policy=str(_get(w, "memoryPolicy", dw.memory_policy)),
-        pace=str(_get(w, "pace", dw.pace)),
-        observed_traffic=ObservedTrafficSpec(
-            enabled=bool(_get(o, "enabled", do.enabled)),
-            max_shapes=_int(o, "maxShapes", do.max_shapes, "spec.warmup.observedTraffic"),
-            refresh_seconds=_int(
-                o, "refreshSeconds", do.refresh_seconds, "spec.warmup.observedTraffic"
-            ),
-        ),
-    )
-
-    p = _section(raw, "probes")
-    dp = ProbesSpec()
-    probes = ProbesSpec(
-        startup_timeout_seconds=_int(
-            p, "startupTimeoutSeconds", dp.startup_timeout_seconds, "spec.probes"
-        ),
-        period_seconds=_int(p, "periodSeconds", dp.period_seconds, "spec.probes"),
-        forward_timeout_seconds=_int(
-            p, "forwardTimeoutSeconds", dp.forward_timeout_seconds, "spec.probes"
-        ),
-        fault_threshold=_int(p, "faultThreshold", dp.fault_threshold, "spec.probes"),
-        fault_restart_seconds=_int(
-            p, "faultRestartSeconds", dp.fault_restart_seconds, "spec.probes"
-        ),
-    )
-    if probes.period_seconds < 1:
-        raise SpecError("spec.probes.periodSeconds must be at least 1")
-
-    r = _section(raw, "rollout")
-    dr = RolloutSpec()
-    rollout = RolloutSpec(
-        max_surge=_int(r, "maxSurge", dr.max_surge, "spec.rollout"),
-        max_unavailable=_int(r, "maxUnavailable", dr.max_unavailable, "spec.rollout"),
-        warm_gate=bool(_get(r, "warmGate", dr.warm_gate)),
-        verify_latency=bool(_get(r, "verifyLatency", dr.verify_latency)),
-        drain_seconds=_int(r, "drainSeconds", dr.drain_seconds, "spec.rollout"),
-        progress_deadline_seconds=_int(r, "progressDeadlineSeconds", None, "spec.rollout"),
-    )
-
-    a = _section(raw, "autoscaling")
-    da = AutoscalingSpec()
-    pods_raw = a.get("podsMetric")
-    pods_metric = None
-    if pods_raw:
-        pods_metric = PodsMetric(name=pods_raw["name"], average_value=str(pods_raw["averageValue"]))
-    autoscaling = AutoscalingSpec(
-        enabled=bool(_get(a, "enabled", da.enabled)),
-        min_replicas=_int(a, "minReplicas", da.min_replicas, "spec.autoscaling"),
-        max_replicas=_int(a, "maxReplicas", da.max_replicas, "spec.autoscaling"),
-        # CPU is the target unless only a pods metric was asked for.
-        target_cpu_utilization_percentage=_int(
-            a,
-            "targetCPUUtilizationPercentage",
-            None if pods_metric else da.target_cpu_utilization_percentage,
-            "spec.autoscaling",
-        ),
-        pods_metric=pods_metric,
-        scale_up=_scaling(_section(a, "scaleUp"), da.scale_up, "spec.autoscaling.scaleUp"),
-        scale_down=_scaling(_section(a, "scaleDown"), da.scale_down, "spec.autoscaling.scaleDown"),
-        scale_to_zero=_scale_to_zero(a),
-    )
-
-    db = _section(raw, "disruptionBudget")
-    disruption_budget = DisruptionBudgetSpec(
-        enabled=bool(_get(db, "enabled", True)),
-        min_available=_int(db, "minAvailable", None, "spec.disruptionBudget"),
-    )
-
-    s = _section(raw, "service")
-    service = ServiceSpec(
-        type=_get(s, "type", "ClusterIP"),
-        port=_int(s, "port", 80, "spec.service"),
-        node_port=_int(s, "nodePort", None, "spec.service"),
-    )
-
+    """Read `EmbeddingService.spec` into typed values. What is left out takes the spec model's
+    defaults, the ones the CRD's schema declares too (tools/gen-crd-defaults.py writes them
+    there), so an object stored before a default was added reads as a new one would."""
+    model = _model(_Given(_section(raw, "model"), "spec.model", ModelSpec))
+    top = _Given(raw, "spec", EmbeddingServiceSpec)
+    runtime = _runtime(top.section("runtime"))
+    batching = _batching(top.section("batching"))
+    warmup = _warmup(top.section("warmup"))
+    probes = _probes(top.section("probes"))
+    rollout = _rollout(top.section("rollout"))
+    autoscaling = _autoscaling(top.section("autoscaling"))
+    disruption_budget = _disruption_budget(top.section("disruptionBudget"))
+    service = _service(top.section("service"))
     resources = {
         kind: {str(k): str(v) for k, v in (values or {}).items()}
         for kind, values in _section(raw, "resources").items()
@@ -558,8 +479,8 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         model=model,
         image=raw.get("image") or None,
         image_pull_policy=raw.get("imagePullPolicy") or None,
-        replicas=_int(raw, "replicas", 1, "spec"),
-        standby_replicas=_int(raw, "standbyReplicas", 0, "spec"),
+        replicas=top.integer("replicas"),
+        standby_replicas=top.integer("standbyReplicas"),
         runtime=runtime,
         resources=resources,
         batching=batching,
@@ -572,7 +493,7 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
         node_selector=dict(_section(raw, "nodeSelector")),
         tolerations=_items(raw, "tolerations"),
         affinity=dict(_section(raw, "affinity")),
-        priority_class_name=_get(raw, "priorityClassName", None),
+        priority_class_name=top.value("priorityClassName"),
         pod_labels=dict(_section(raw, "podLabels")),
         pod_annotations=dict(_section(raw, "podAnnotations")),
         env=_items(raw, "env"),
@@ -581,6 +502,145 @@ def parse_spec(raw: Mapping[str, Any]) -> EmbeddingServiceSpec:
     )
     _check(spec)
     return spec
+
+
+def _model(model: _Given) -> ModelSpec:
+    model_id = model.raw.get("id")
+    if not isinstance(model_id, str) or not model_id:
+        raise SpecError("spec.model.id is required: a Hugging Face id or a folder name")
+    source = _model_source(model.raw)
+    return ModelSpec(
+        id=model_id,
+        revision=model.value("revision"),
+        served_name=model.value("servedName"),
+        pooling=model.value("pooling"),
+        normalize=model.optional_boolean("normalize"),
+        max_input_length=model.integer("maxInputLength"),
+        auto_truncate=model.boolean("autoTruncate"),
+        trust_remote_code=model.optional_boolean("trustRemoteCode"),
+        openai_token_ids=model.value("openaiTokenIds"),
+        default_prompt_name=model.value("defaultPromptName"),
+        default_prompt=model.value("defaultPrompt"),
+        source=source,
+    )
+
+
+def _runtime(runtime: _Given) -> RuntimeSpec:
+    return RuntimeSpec(
+        device=runtime.value("device"),
+        dtype=runtime.value("dtype"),
+        packing=runtime.value("packing"),
+        cuda_graphs=runtime.value("cudaGraphs"),
+        tokenization_workers=runtime.integer("tokenizationWorkers"),
+        backend=runtime.value("backend"),
+    )
+
+
+def _batching(batching: _Given) -> BatchingSpec:
+    return BatchingSpec(
+        max_batch_size=batching.integer("maxBatchSize"),
+        max_batch_tokens=batching.integer("maxBatchTokens"),
+        max_wait_milliseconds=batching.integer("maxWaitMilliseconds"),
+        max_client_batch_size=batching.integer("maxClientBatchSize"),
+        max_concurrent_requests=batching.integer("maxConcurrentRequests"),
+        payload_limit_bytes=batching.integer("payloadLimitBytes"),
+        pad_batch=batching.boolean("padBatch"),
+        request_timeout_seconds=batching.integer("requestTimeoutSeconds"),
+        body_timeout_seconds=batching.integer("bodyTimeoutSeconds"),
+    )
+
+
+def _warmup(warmup: _Given) -> WarmupSpec:
+    observed = warmup.section("observedTraffic")
+    return WarmupSpec(
+        enabled=warmup.boolean("enabled"),
+        batch_sizes=warmup.integers("batchSizes"),
+        sequence_buckets=warmup.integers("sequenceBuckets"),
+        memory_policy=warmup.text("memoryPolicy"),
+        pace=warmup.text("pace"),
+        observed_traffic=ObservedTrafficSpec(
+            enabled=observed.boolean("enabled"),
+            max_shapes=observed.integer("maxShapes"),
+            refresh_seconds=observed.integer("refreshSeconds"),
+        ),
+    )
+
+
+def _probes(probes: _Given) -> ProbesSpec:
+    parsed = ProbesSpec(
+        startup_timeout_seconds=probes.integer("startupTimeoutSeconds"),
+        period_seconds=probes.integer("periodSeconds"),
+        forward_timeout_seconds=probes.integer("forwardTimeoutSeconds"),
+        fault_threshold=probes.integer("faultThreshold"),
+        fault_restart_seconds=probes.integer("faultRestartSeconds"),
+    )
+    if parsed.period_seconds < 1:
+        raise SpecError("spec.probes.periodSeconds must be at least 1")
+    return parsed
+
+
+def _rollout(rollout: _Given) -> RolloutSpec:
+    return RolloutSpec(
+        max_surge=rollout.integer("maxSurge"),
+        max_unavailable=rollout.integer("maxUnavailable"),
+        warm_gate=rollout.boolean("warmGate"),
+        verify_latency=rollout.boolean("verifyLatency"),
+        drain_seconds=rollout.integer("drainSeconds"),
+        progress_deadline_seconds=rollout.integer("progressDeadlineSeconds"),
+    )
+
+
+def _autoscaling(autoscaling: _Given) -> AutoscalingSpec:
+    pods_raw = autoscaling.raw.get("podsMetric")
+    pods_metric = None
+    if pods_raw:
+        pods_metric = PodsMetric(name=pods_raw["name"], average_value=str(pods_raw["averageValue"]))
+    cpu_target = "targetCPUUtilizationPercentage"
+    return AutoscalingSpec(
+        enabled=autoscaling.boolean("enabled"),
+        min_replicas=autoscaling.integer("minReplicas"),
+        max_replicas=autoscaling.integer("maxReplicas"),
+        # CPU is the target unless only a pods metric was asked for: the operator's own
+        # default, which is why the CRD declares none.
+        target_cpu_utilization_percentage=autoscaling.integer(
+            cpu_target, default=None if pods_metric else autoscaling.default(cpu_target)
+        ),
+        pods_metric=pods_metric,
+        scale_up=_scaling(autoscaling.section("scaleUp")),
+        scale_down=_scaling(autoscaling.section("scaleDown")),
+        scale_to_zero=_scale_to_zero(autoscaling),
+    )
+
+
+def _scaling(rules: _Given) -> ScalingRules:
+    return ScalingRules(
+        stabilization_window_seconds=rules.integer("stabilizationWindowSeconds"),
+        max_pods_per_period=rules.integer("maxPodsPerPeriod"),
+        max_percent_per_period=rules.integer("maxPercentPerPeriod"),
+        period_seconds=rules.integer("periodSeconds"),
+    )
+
+
+def _scale_to_zero(autoscaling: _Given) -> ScaleToZeroSpec | None:
+    if autoscaling.raw.get("scaleToZero") is None:
+        return None
+    scale_to_zero = autoscaling.section("scaleToZero", ScaleToZeroSpec)
+    return ScaleToZeroSpec(scale_to_zero.integer("idleSeconds"))
+
+
+def _disruption_budget(budget: _Given) -> DisruptionBudgetSpec:
+    return DisruptionBudgetSpec(
+        enabled=budget.boolean("enabled"),
+        min_available=budget.integer("minAvailable"),
+    )
+
+
+def _service(service: _Given) -> ServiceSpec:
+    return ServiceSpec(
+        type=service.value("type"),
+        port=service.integer("port"),
+        node_port=service.integer("nodePort"),
+    )
 
 
 def _check(spec: EmbeddingServiceSpec) -> None:

@@ -39,7 +39,7 @@ from warmgate_contract.flags import settings as flag_settings
 from warmgate_contract.names import GROUP, PLURAL, VERSION
 from warmgate_contract.shapes import Shape
 from warmgate_operator import gate
-from warmgate_operator.builders import Owner, build_pod_template
+from warmgate_operator.builders import LEFT_OUT_AT_DEFAULT, Owner, build_pod_template
 from warmgate_operator.spec import SpecError, parse_spec
 from warmgate_server.app import create_app
 from warmgate_server.config import ConfigError, parse_config
@@ -85,6 +85,18 @@ def check_agreement(spec: dict[str, Any]) -> None:
     assert expected.required_shapes == {Shape.from_json(s) for s in report["planned_shapes"]}, args
     model = report["model"]
     assert (expected.model_id, expected.revision) == (model["id"], model["revision"]), args
+
+
+def test_a_flag_left_out_is_its_default_to_the_server_itself() -> None:
+    """What `render_args` leaves out at a flag's default (the operator's LEFT_OUT_AT_DEFAULT)
+    the server's own parser reads as that default: its configuration is the same either way."""
+    without = parse_config(["--model=m"], environ={})
+    for flag in FLAGS:
+        if flag.default is None:
+            continue
+        assert getattr(without, flag.dest) == flag.default, flag.name
+        assert parse_config(["--model=m", flag.render(flag.default)], environ={}) == without
+    assert set(LEFT_OUT_AT_DEFAULT) <= {flag.dest for flag in FLAGS if flag.default is not None}
 
 
 # ------------------------------------------------------------------ the drawn specs

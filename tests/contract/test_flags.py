@@ -69,6 +69,28 @@ def test_rendered_in_the_tables_order_leaving_out_what_is_unset() -> None:
         render_args({"max_tokens": 1})
 
 
+@given(values=configurations)
+def test_a_value_left_out_at_its_default_is_read_as_that_default(values: dict[str, Any]) -> None:
+    """Left out or written, the server reads the same settings."""
+    args = render_args(values, leave_out_defaults=BY_DEST)
+    assert settings(read_args(args)) == settings(values)
+
+
+def test_only_the_flags_named_are_left_out_and_only_at_their_default() -> None:
+    values = {"max_batch_size": 32, "packing": "auto", "backend": "onnxruntime", "warmup": True}
+    assert render_args(values, leave_out_defaults=("packing", "backend", "warmup")) == [
+        "--max-batch-size=32",
+        "--backend=onnxruntime",
+    ]
+    # What the server reads, not how it is spelled: 2 is the 2.0 of --max-wait-ms.
+    assert render_args({"max_wait_ms": 2}, leave_out_defaults=("max_wait_ms",)) == []
+    for flag in FLAGS:
+        if flag.default is not None:
+            assert render_args({flag.dest: flag.default}, leave_out_defaults=[flag.dest]) == []
+    with pytest.raises(KeyError, match="max_tokens"):
+        render_args({}, leave_out_defaults=("max_tokens",))
+
+
 def test_a_flag_wins_over_its_twin_and_each_spelling_is_read() -> None:
     environ = {"WARMGATE_MAX_BATCH_SIZE": "8", "WARMGATE_PAD_BATCH": "no", "OTHER": "x"}
     assert read_args([], environ) == {"max_batch_size": 8, "pad_batch": False}

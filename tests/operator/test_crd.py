@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+from support.tools import load_tool
 
 from warmgate_contract import flags
 from warmgate_operator import spec as spec_model
+from warmgate_operator import spec_defaults
 from warmgate_operator.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,6 +115,64 @@ def test_crd_defaults_agree_with_the_spec_model() -> None:
     defaulted = apply_defaults(spec_schema, {"model": {"id": "m"}})
     assert defaulted["warmup"]["observedTraffic"]["maxShapes"] == 16  # nested defaults reach down
     assert parse_spec(defaulted) == parse_spec({"model": {"id": "m"}})
+
+
+def as_json(defaults: dict[str, Any]) -> dict[str, str]:
+    """Defaults compared with their types (`false` is not `0`)."""
+    return {path: json.dumps(value) for path, value in defaults.items()}
+
+
+def test_every_default_is_the_spec_models_and_the_crd_declares_each_one() -> None:
+    """One source: a field has a default in the CRD exactly when it has one in the spec model
+    (spec.py), and the same one (tools/gen-crd-defaults.py writes them)."""
+    spec_schema = SCHEMA["properties"]["spec"]
+    declared, modelled = spec_defaults.crd_defaults(spec_schema), spec_defaults.model_defaults()
+    assert as_json(declared) == as_json(modelled)
+    assert len(declared) >= 50
+    assert declared["autoscaling.scaleDown.stabilizationWindowSeconds"] == 300
+    assert declared["model.source.hub.tokenSecret.key"] == "token"
+    assert declared["model.volume.layout"] == "folder"  # the older spelling of source.volume
+    # Objects default to {} only where the model defaults them too, so their fields' apply.
+    assert spec_defaults.crd_objects(spec_schema) <= spec_defaults.model_objects()
+
+
+def test_defaults_left_out_of_the_crd_on_purpose() -> None:
+    """Tri-state and computed fields have no default in the schema: unset means something."""
+    declared = spec_defaults.crd_defaults(SCHEMA["properties"]["spec"])
+    for path in (
+        "model.trustRemoteCode",  # unset: a model with code of its own is refused, asking
+        "model.normalize",  # unset: as the model folder says
+        "model.pooling",
+        "probes.startupTimeoutSeconds",  # unset: sized from the measured startup
+        "autoscaling.targetCPUUtilizationPercentage",  # 70 unless only podsMetric is given
+        "autoscaling.scaleToZero",  # off unless asked for
+    ):
+        assert path not in declared, path
+    spec = parse_spec({"model": {"id": "m"}})
+    assert spec.model.trust_remote_code is None
+    assert spec.autoscaling.target_cpu_utilization_percentage == 70
+
+
+gen_crd_defaults = load_tool("gen-crd-defaults")
+
+
+def test_the_crd_holds_what_the_generator_writes() -> None:
+    text = (ROOT / "crds" / "warmgate.dev_embeddingservices.yaml").read_text()
+    assert gen_crd_defaults.render(text) == text, "run tools/gen-crd-defaults.py"
+
+
+def test_the_generator_brings_a_drifted_default_back_and_touches_nothing_else() -> None:
+    text = (ROOT / "crds" / "warmgate.dev_embeddingservices.yaml").read_text()
+    indent = " " * 22
+    changed = text.replace(f"{indent}default: 16384\n", f"{indent}default: 1\n", 1)
+    removed = text.replace(f"{indent}default: cl100k_base\n", "", 1)
+    unset = "trustRemoteCode:\n" + indent + "type: boolean\n"
+    added = text.replace(unset, unset + f"{indent}default: true\n", 1)
+    for drifted in (changed, removed, added):
+        assert drifted != text
+        assert gen_crd_defaults.render(drifted) == text
+    for value in ("main", "", "null", "1", "a: b", [1, 8, 32], True, False, 0, 2000000):
+        assert yaml.safe_load(f"default: {gen_crd_defaults.flow(value)}") == {"default": value}
 
 
 def test_the_crds_choices_are_the_servers_own() -> None:

@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmgate_operator.spec import ParsedSpecs, SpecError, parse_spec
+from warmgate_operator.spec import (
+    EmbeddingServiceSpec,
+    ModelSpec,
+    ParsedSpecs,
+    SpecError,
+    field_name,
+    parse_spec,
+)
 
 
 def test_minimal_spec_gets_the_documented_defaults() -> None:
@@ -33,6 +40,23 @@ def test_minimal_spec_gets_the_documented_defaults() -> None:
     assert spec.autoscaling.scale_down.stabilization_window_seconds == 300
     assert (spec.service.type, spec.service.port) == ("ClusterIP", 80)
     assert spec.progress_deadline_seconds(600) == 600 + 600
+
+
+def test_what_a_spec_leaves_out_is_the_spec_models_own_default() -> None:
+    """parse_spec writes no default of its own: a minimal spec is the model's defaults."""
+    assert parse_spec({"model": {"id": "m"}}) == EmbeddingServiceSpec(model=ModelSpec(id="m"))
+    given = {"model": {"id": "m", "revision": None}, "batching": {"maxBatchSize": None}}
+    assert parse_spec(given) == parse_spec({"model": {"id": "m"}})  # null is left out too
+
+
+def test_each_crd_key_names_its_field() -> None:
+    for key, name in (
+        ("maxBatchSize", "max_batch_size"),
+        ("targetCPUUtilizationPercentage", "target_cpu_utilization_percentage"),
+        ("openaiTokenIds", "openai_token_ids"),
+        ("id", "id"),
+    ):
+        assert field_name(key) == name
 
 
 def test_pods_metric_alone_drops_the_cpu_target() -> None:
