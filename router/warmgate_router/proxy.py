@@ -10,10 +10,10 @@ forwarded whole to one warm pod of the EmbeddingService its model name selects.
   it); a request that reached a pod is never sent twice.
 - A service without a warm pod (scaled to zero, or all its pods still starting) gets its
   requests held, as long as its measured time to warm says (hold.py) and up to
-  --max-held-requests; one at zero is scaled to 1 first. A held request goes out the moment
-  the first pod passes the warm gate, or gets a 503 with Retry-After (when a pod should be
-  warm); one whose service should take longer than it can be held gets that 503 at once. A
-  client that hangs up stops waiting.
+  --max-held-requests; one at zero is scaled to 1 first (waking.py). A held request goes out
+  the moment the first pod passes the warm gate, or gets a 503 with Retry-After (when a pod
+  should be warm); one whose service should take longer than it can be held gets that 503 at
+  once (refusals.py: in the route's own error format). A client that hangs up stops waiting.
 """
 
 from __future__ import annotations
@@ -31,12 +31,11 @@ import orjson
 from warmgate_contract.aliases import Resolution
 from warmgate_contract.names import (
     ALIAS_KIND,
-    LAST_REQUEST_ANNOTATION,
     MODEL_HEADER,
     ROUTER_HEADER,
     SERVICE_HEADER,
 )
-from warmgate_kube.client import MERGE_PATCH, UNANSWERED, ApiError, KubeClient
+from warmgate_kube.client import KubeClient
 
 from .balancer import Balancer
 from .config import RouterConfig
@@ -48,10 +47,12 @@ from .hold import (
     client_timeout,
     plan_hold,
 )
-from .httpd import Request, Response, Routes, Server, json_response
+from .httpd import Request, Response, Routes, Server
 from .metrics import CONTENT_TYPE, Metrics
+from .refusals import Refused, json_answer, openai_error, tei_error
 from .upstream import Failed, NotSent, Upstream
-from .view import SERVICES, Key, View, activity_interval, replicas, scale_to_zero
+from .view import Key, View, replicas, scale_to_zero
+from .waking import Waker
 
 log = logging.getLogger("warmgate.router")
 
@@ -61,36 +62,6 @@ PASSED_HEADERS = ("content-type", "content-encoding", "server-timing", "retry-af
 # Headers of the client's request the pod gets (the body is the client's, unchanged in kind).
 FORWARDED_HEADERS = ("Accept", "Accept-Encoding")
 TEI_ROUTES = ("embed", "embed_all", "tokenize", "decode", "similarity", "embeddings", "invocations")
-
-
-class Refused(Exception):
-    """A request the router answers itself: status, message, OpenAI error code."""
-
-    def __init__(self, status: int, message: str, code: str, retry_after: int | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.retry_after = retry_after
-
-
-def _openai_error(error: Refused) -> Response:
-    kind = {404: "not_found_error", 503: "service_unavailable"}.get(
-        error.status, "invalid_request_error" if error.status < 500 else "server_error"
-    )
-    body = {"error": {"message": error.message, "type": kind, "param": None, "code": error.code}}
-    return _json(error.status, body, error.retry_after)
-
-
-def _tei_error(error: Refused) -> Response:
-    kind = "Validation" if error.status < 500 else "Unhealthy"
-    if error.status == 503 and error.retry_after:
-        kind = "Overloaded"
-    return _json(error.status, {"error": error.message, "error_type": kind}, error.retry_after)
-
-
-def _json(status: int, body: Any, retry_after: int | None = None) -> Response:
-    return json_response(status, body, {"Retry-After": str(retry_after)} if retry_after else None)
 
 
 def _expected(plan: Hold, elapsed: float = 0.0) -> str:
@@ -110,30 +81,19 @@ def _waking_message(label: str, plan: Hold, measured: Measured, expected: float)
     )
 
 
-def activity_stamp(moment: float | None = None) -> str:
-    """`moment` (Unix time; now when None) as RFC 3339 in UTC with milliseconds, for the
-    last-request annotation: whole seconds would date a request up to a second early, and
-    the operator counts the idle window from it."""
-    when = datetime.datetime.fromtimestamp(time.time() if moment is None else moment, datetime.UTC)
-    return when.isoformat(timespec="milliseconds").removesuffix("+00:00") + "Z"
-
-
 class Router:
     def __init__(
         self, config: RouterConfig, view: View, kube: KubeClient | None, metrics: Metrics
     ) -> None:
         self.config = config
         self.view = view
-        self.kube = kube
         self.metrics = metrics
         self.balancer = Balancer()
         self.instance = socket.gethostname()
         """This replica's name in answers (a pod's host name is the pod's name)."""
         self.held = 0
         self.upstream = Upstream(keepalive_seconds=30.0)
-        self._activity: dict[Key, float] = {}
-        self._woken: dict[Key, float] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.waker = Waker(config, view, kube, metrics)
         self.synced = asyncio.Event()
         self.draining = False
         """After SIGTERM: every answer closes its connection, so a pooled client's next
@@ -144,14 +104,8 @@ class Router:
         end."""
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+        self.waker.close()
         self.upstream.close()
-
-    def _spawn(self, coroutine: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # -- names ----------------------------------------------------------------------------
     def resolve(self, model: str | None) -> tuple[str, Resolution]:
@@ -181,69 +135,20 @@ class Router:
             for q in table.by_qualified
         )
 
-    # -- activity and waking --------------------------------------------------------------
-    def note_activity(self, key: Key) -> None:
-        now = time.monotonic()
-        if self.kube is None:
-            return
-        interval = activity_interval(self.view.service(key), self.config.activity_seconds)
-        if now - self._activity.get(key, -1e9) < interval:
-            return
-        self._activity[key] = now
-        self._spawn(self._write_activity(key))
+    # -- activity and waking (waking.py) ------------------------------------------------------
+    @property
+    def kube(self) -> KubeClient | None:
+        return self.waker.kube
 
-    async def _write_activity(self, key: Key) -> None:
-        body = {"metadata": {"annotations": {LAST_REQUEST_ANNOTATION: activity_stamp()}}}
-        try:
-            await self.kube.request(
-                "PATCH",
-                SERVICES.path(key[0], key[1]),
-                body,
-                content_type=MERGE_PATCH,
-            )
-        except (ApiError, *UNANSWERED) as error:
-            log.warning("%s/%s: could not record its last request: %s", *key, error)
-            self._activity.pop(key, None)
+    @kube.setter
+    def kube(self, kube: KubeClient | None) -> None:
+        self.waker.kube = kube
+
+    def note_activity(self, key: Key) -> None:
+        self.waker.note_activity(key)
 
     async def wake(self, key: Key) -> None:
-        """Scale a service at zero to one (unless something else already did)."""
-        now = time.monotonic()
-        if self.kube is None or now - self._woken.get(key, -1e9) < 10:
-            return
-        self._woken[key] = now
-        path = SERVICES.path(key[0], key[1], "scale")
-        # A Scale at 0 replicas has no spec.replicas (omitted when empty). The write is
-        # conditional on the version read, so an HPA decision or another replica's wake in
-        # between is never overwritten: a 409 reads again (the EmbeddingService also changes
-        # for the last-request annotation, written at the same moment).
-        for _ in range(5):
-            try:
-                scale = await self.kube.request("GET", path)
-                if int((scale.get("spec") or {}).get("replicas") or 0) > 0:
-                    return  # woken by another replica, or scaled by someone else
-                version = scale["metadata"]["resourceVersion"]
-                await self.kube.request(
-                    "PATCH",
-                    path,
-                    {"metadata": {"resourceVersion": version}, "spec": {"replicas": 1}},
-                    content_type=MERGE_PATCH,
-                )
-                break
-            except ApiError as error:
-                if error.status == 409:
-                    continue
-                log.warning("%s/%s: could not scale from zero: %s", *key, error)
-            except (*UNANSWERED, KeyError) as error:
-                log.warning("%s/%s: could not scale from zero: %s", *key, error)
-            self._woken.pop(key, None)
-            return
-        else:
-            self._woken.pop(key, None)
-            return
-        self.metrics.cold_starts.labels(service=f"{key[0]}/{key[1]}").inc()
-        log.info("%s/%s: scaled from zero to 1 for a request", *key)
-        self._activity.pop(key, None)
-        self.note_activity(key)
+        await self.waker.wake(key)
 
     # -- holding --------------------------------------------------------------------------
     def hold_for(self, request: Request, key: Key) -> Hold:
@@ -472,7 +377,7 @@ class Router:
             # The pod serves one model under its own name: the router's name stops here.
             return await self.forward(request, model, "/v1/embeddings", orjson.dumps(body))
         except Refused as error:
-            return _openai_error(error)
+            return openai_error(error)
 
     async def tei(self, request: Request) -> Response:
         """TEI's routes: the model named by the X-Warmgate-Model header or by the path
@@ -489,7 +394,7 @@ class Router:
             body = request.body if request.method == "POST" else None
             return await self.forward(request, model, route, body)
         except Refused as error:
-            return _tei_error(error)
+            return tei_error(error)
 
     async def models(self, request: Request) -> Response:
         data = []
@@ -524,7 +429,7 @@ class Router:
             if not resolution.ok:
                 entry["message"] = resolution.message
             data.append(entry)
-        return _json(200, {"object": "list", "data": data})
+        return json_answer(200, {"object": "list", "data": data})
 
     def _ids_in_order(self) -> list[str]:
         table = self.view.names
@@ -534,14 +439,14 @@ class Router:
         ]
 
     async def healthz(self, request: Request) -> Response:
-        return _json(200, {"status": "ok"})
+        return json_answer(200, {"status": "ok"})
 
     async def ready(self, request: Request) -> Response:
         if self.draining:
-            return _json(503, {"status": "draining"})
+            return json_answer(503, {"status": "draining"})
         if not self.synced.is_set():
-            return _json(503, {"status": "syncing"})
-        return _json(200, {"status": "ready", "names": len(self.view.names.by_qualified)})
+            return json_answer(503, {"status": "syncing"})
+        return json_answer(200, {"status": "ready", "names": len(self.view.names.by_qualified)})
 
     async def metrics_route(self, request: Request) -> Response:
         for key, endpoints in list(self.view.endpoints.items()):

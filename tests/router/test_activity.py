@@ -10,8 +10,8 @@ import math
 import pytest
 
 from warmgate_operator.idle import Activity, decide, parse_stamp
-from warmgate_router.proxy import activity_stamp
 from warmgate_router.view import activity_interval
+from warmgate_router.waking import activity_stamp
 
 T0 = 1_780_000_000.0
 

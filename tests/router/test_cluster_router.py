@@ -154,7 +154,7 @@ async def test_a_request_records_activity_and_wakes_a_service_at_zero(devcluster
             "warmgate_router_cold_starts_from_zero_total", {"service": f"{namespace}/sleepy"}
         )
         assert woken == 1
-        router._woken.clear()  # past the wake's own 10 s guard: the Scale read decides
+        router.waker._woken.clear()  # past the wake's own 10 s guard: the Scale read decides
         kubeapi.call(devcluster.api, "PATCH", f"{path}/sleepy", {"spec": {"replicas": 2}},
                      content_type="application/merge-patch+json")  # fmt: skip
         await router.wake(key)
