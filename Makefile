@@ -63,9 +63,10 @@ node-bin: ## Install the node's Debian packages (buildah, mmdebstrap, iptables) 
 	@tools/node-bin.sh >/dev/null
 
 .PHONY: lint
-lint: install ## ruff check and format check
+lint: install ## ruff check and format check; the import contracts (.importlinter: layers, no circle)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 .PHONY: fmt
 fmt: install ## Format the code with ruff

@@ -66,19 +66,21 @@ ACROSS_MODULES = {
     "server/test_model_folders.py",  # model folders (layouts, checkpoints, refusals) over HTTP
     "server/test_models.py",  # the model families (docs/models.md): loading, head, packed, runner
     "server/test_requests.py",  # routes.py and schemas.py on one shared warm app (test_routes.py)
-    "server/test_input_edges.py",  # runner.py's tokenize on every tokenizer family (tokenizer.py)
+    "server/test_input_edges.py",  # pre.py's Tokenization on every tokenizer family (tokenizer.py)
     "server/test_out_of_memory.py",  # a CUDA OOM (faults.py) through warming.py and the scheduler
 }
 
 
 def test_each_parts_test_files_are_named_after_the_module_they_test():
-    # tests/server/test_cpus.py tests server/warmgate_server/cpus.py; test_main.py __main__.py.
+    # tests/server/test_cpus.py tests server/warmgate_server/cpus.py; test_main.py __main__.py;
+    # a subfolder mirrors the package's (tests/server/models/test_bert.py: models/bert.py).
     misnamed = []
     for part, package in PACKAGES.items():
-        for path in sorted((ROOT / "tests" / part).glob("test_*.py")):
+        for path in sorted((ROOT / "tests" / part).rglob("test_*.py")):
             module = path.stem.removeprefix("test_")
             module = "__main__" if module == "main" else module
-            name = f"{part}/{path.name}"
-            if not (package / f"{module}.py").is_file() and name not in ACROSS_MODULES:
+            folder = path.parent.relative_to(ROOT / "tests" / part)
+            name = (Path(part) / folder / path.name).as_posix()
+            if not (package / folder / f"{module}.py").is_file() and name not in ACROSS_MODULES:
                 misnamed.append(name)
     assert misnamed == [], "name each after its module, or add it to ACROSS_MODULES saying why"

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 from bench_server import REPO, machine, write_doc
 
-from warmgate_server.decoder import PackedDecoder
-from warmgate_server.loading import packed_pass
-from warmgate_server.packed import PackedBert
+from warmgate_server.models import packed_pass
+from warmgate_server.models.bert import PackedBert
+from warmgate_server.models.decoder import PackedDecoder
 from warmgate_testkit import zoo
 
 BEGIN, END = "<!-- family-benchmarks:begin -->", "<!-- family-benchmarks:end -->"

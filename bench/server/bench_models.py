@@ -198,7 +198,7 @@ def bfloat16_cosines(urls: dict[str, tuple[str, str, str | None]]) -> dict[str, 
     from loadgen import SHORT_SENTENCES
     from sentence_transformers import SentenceTransformer
 
-    from warmgate_server.packed import PackedBert
+    from warmgate_server.models.bert import PackedBert
 
     texts = list(SENTENCES) + list(SHORT_SENTENCES)
     e5 = (served_vectors(urls["warmgate"][0], texts)

@@ -76,7 +76,7 @@ if "--keep-cache" not in sys.argv and "TORCHINDUCTOR_CACHE_DIR" not in os.enviro
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from warmgate_server.packed import PackedBert  # noqa: E402
+from warmgate_server.models.bert import PackedBert  # noqa: E402
 from warmgate_testkit.process import minilm_path  # noqa: E402
 
 SHAPES = "1x16,1x32,8x32,32x32,32x128"

@@ -3,7 +3,8 @@ thread. The HTTP layer parses a request (schemas.py) and calls `embed`; nothing 
 
 - pre (pre.py): OpenAI ids back to text, the prompt, tokenizing, in the tokenizer threads;
 - core: the one batcher (scheduler.py) and its model workers (workers.py), for pooled and
-  per-token requests alike, with the same queue bound, deadlines and fault accounting;
+  per-token requests alike, with the same queue bound, deadlines and fault accounting; the
+  workers run the model's forward path (runner.py, backends/);
 - post: the model's module chain in the forward pass (head.py), then per request (post.py)
   dimensions, normalisation and similarity.
 """
@@ -78,12 +79,13 @@ class Engine:
             prompt=settings.default_prompt,
             include_prompt=settings.include_prompt,
             lowercase=settings.lowercase,
+            backend=config.backend,
         )
         runner.faults = faults
         self.workers = Workers(config, loaded, runner, model_threads, solo_threads)
         self.memory = probe_for(loaded.device, loaded.path)
         openai_ids = OpenAITokenIds.load(config.openai_token_ids)
-        self.pre = Preprocessor(runner, openai_ids, tokenizer_pool, metrics)
+        self.pre = Preprocessor(runner.tokenization, openai_ids, tokenizer_pool, metrics)
         self.limits = request_limits(
             config, settings, self.hidden_size, runner.vocab_size, openai_ids
         )
@@ -110,7 +112,7 @@ class Engine:
             on_fault=on_fault,
             on_success=on_success,
             solo=self.workers.runs_solo,
-            share_load=runner.packed is not None and loaded.device.type == "cpu",
+            share_load=self.packed and loaded.device.type == "cpu",
         )
 
     @property
@@ -125,7 +127,7 @@ class Engine:
     @property
     def packed(self) -> bool:
         """Whether the padding-free forward pass runs."""
-        return self.runner.packed is not None
+        return self.runner.backend.name == "packed"
 
     @property
     def idle(self) -> bool:

@@ -1,6 +1,7 @@
 """Loading the model: its folder (`source.locate`: a local one, or a Hugging Face id from the
 cache or downloaded), the device and dtype, the tokenizer and the weights (straight into
-warmgate's own forward passes for BERT-family models, else transformers' AutoModel)."""
+warmgate's own padding-free encoders for the families models/ runs, else transformers'
+AutoModel). Which forward path then runs them is the backends' registry's choice."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ from .source import ModelSource, locate
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedModel
+
+    from .head import Head
+    from .models import PackedEncoder
+    from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +60,11 @@ class LoadedModel:
     path: Path
     source: ModelSource
     """Where the files came from: the resolved commit and the weights' digest."""
-    model: Any
-    """The transformers model (None when the padding-free pass was loaded without it)."""
-    tokenizer: Any
+    model: PreTrainedModel | None
+    """The transformers model (None when the padding-free pass was loaded without it, and once
+    the ONNX Runtime backend holds the weights: release_model)."""
+    tokenizer: Tokenizer
+    """warmgate's own (tokenizer.py: BertTokenizer and its subclasses) or transformers'."""
     device: torch.device
     dtype: torch.dtype
     hidden_size: int
@@ -65,19 +73,22 @@ class LoadedModel:
     pad_token_id: int
     cls_token_id: int
     uses_token_type_ids: bool
-    packed: Any = None
-    """A PackedBert or PackedDecoder running this model padding-free, or None (the model's own
-    forward)."""
-    ort: Any = None
-    """--backend onnxruntime: the model exported and opened in ONNX Runtime (ort.OrtModel),
-    set by the warmup's first step (ModelRunner.export_onnx); `model` is then None (the
-    weights are held once, by ONNX Runtime)."""
+    packed: PackedEncoder | None = None
+    """warmgate's padding-free encoder of this model (models/: PackedBert, PackedDecoder), or
+    None (the model's own forward)."""
     max_positions: int | None = None
     """Tokens per input the model's position embeddings hold: the hard limit."""
     folder: modelconfig.FolderSettings = field(default_factory=modelconfig.FolderSettings)
     """What the folder's sentence-transformers files say (read once, in the model thread)."""
-    head: Any = None
+    head: Head | None = None
     """The Head (head.py) the load's flags resolved: pooling, Dense and Normalize modules."""
+
+    def release_model(self) -> None:
+        """Let the transformers model go (the ONNX Runtime backend, once its export holds the
+        weights, so that they are in memory once), and hand the heap memory freed with it back
+        to the system."""
+        self.model = None
+        release_freed_memory()
 
     @property
     def device_name(self) -> str:
@@ -127,9 +138,9 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
     downloading then). Slow: call it in the model thread.
 
     With --packing auto or on, a BERT-family, Qwen3 or EmbeddingGemma model is loaded straight
-    from its folder into warmgate's own forward passes (packed.py, decoder.py) (transformers'
-    modeling stack is never imported: seconds of CPU less per start); anything else goes
-    through transformers' AutoModel.
+    from its folder into warmgate's own encoders (models/bert.py, models/decoder.py)
+    (transformers' modeling stack is never imported: seconds of CPU less per start); anything
+    else goes through transformers' AutoModel.
     """
     if source is None:
         source = locate(config.model, config.model_revision, download=False)
@@ -226,7 +237,7 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
     return loaded
 
 
-def _load_tokenizer(config: ServerConfig, path: Path) -> Any:
+def _load_tokenizer(config: ServerConfig, path: Path) -> Tokenizer:
     """A BERT or XLM-R tokenizer straight from tokenizer.json when it encodes as transformers
     would (tokenizer.py: no transformers import, a second or more of CPU less per start), else
     transformers' AutoTokenizer."""
@@ -251,40 +262,20 @@ def _load_tokenizer(config: ServerConfig, path: Path) -> Any:
         ) from exc
 
 
-def packed_pass(
-    path: Path, dtype: torch.dtype, device: torch.device | str, model_type: str | None
-) -> Any:
-    """warmgate's padding-free pass for the model in `path` whose config.json names
-    `model_type`: PackedBert for the BERT family, PackedDecoder for Qwen3 and EmbeddingGemma.
-    ValueError says why it cannot run one; CheckpointMismatch, that the weights are not the
-    architecture's."""
-    from .decoder import MODEL_TYPES as DECODERS
-    from .decoder import PackedDecoder
-    from .packed import PACKED_TYPES, PackedBert
-
-    if model_type in DECODERS:
-        return PackedDecoder.from_folder(path, dtype, device)
-    if model_type in PACKED_TYPES:
-        return PackedBert.from_folder(path, dtype, device)
-    types = ", ".join((*PACKED_TYPES, *DECODERS))
-    raise ValueError(
-        f"cannot run this model packed: model type {model_type!r} is not one of {types}"
-    )
-
-
 def _load_packed(
     config: ServerConfig,
     path: Path,
     device: torch.device,
     dtype: torch.dtype,
     model_type: str | None,
-) -> tuple[Any, str]:
-    """(the padding-free forward pass, "") or (None, why not)."""
+) -> tuple[PackedEncoder | None, str]:
+    """(the padding-free encoder, "") or (None, why not)."""
     if config.packing == "off":
         return None, "--packing off"
     if config.backend == "onnxruntime":
         return None, "--backend onnxruntime"
-    from .packed import CheckpointMismatch
+    from .models import packed_pass
+    from .models.packing import CheckpointMismatch
 
     try:
         return packed_pass(path, dtype, device, model_type), ""
@@ -442,3 +433,16 @@ def _custom_code_refused(config: ServerConfig, custom: list[str], why: str) -> M
         f"{why.removeprefix(f'--model {config.model}: ')}. Set spec.model.trustRemoteCode: "
         "true to run the model's own Python code in the pod"
     )
+
+
+def release_freed_memory() -> None:
+    """Hand the heap memory freed by the export (its peak, several times the weights) and by
+    the torch model back to the system: glibc keeps freed blocks of the main heap for reuse,
+    so without this the process stays at the export's peak for its whole life."""
+    import contextlib
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

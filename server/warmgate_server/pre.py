@@ -1,32 +1,217 @@
 """pre: a request's inputs to token ids, in the tokenizer threads, never on the event loop:
 OpenAI's token ids back to text (with --openai-token-ids), the prompt, the model's tokenizer,
-truncation. TEI's /tokenize and /decode run on the same threads."""
+truncation (`Tokenization`, synchronous; `Preprocessor` runs it in the threads). TEI's
+/tokenize and /decode run on the same threads."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from .errors import InputTooLong
 from .metrics import Metrics
 from .openai_ids import OpenAITokenIds
-from .runner import ModelRunner
 from .schemas import EmbedRequest
+from .tokenizer import BertTokenizer, Tokenizer
 
 T = TypeVar("T")
+
+
+class TokenIds(list):
+    """One input's token ids, and how many of its first tokens pooling leaves out: the prompt
+    of a model whose Pooling says include_prompt: false (0: pool them all)."""
+
+    __slots__ = ("pool_from",)
+
+    def __init__(self, ids: Sequence[int] = (), pool_from: int = 0) -> None:
+        super().__init__(ids)
+        self.pool_from = pool_from
+
+
+def _leading_ones(mask: Sequence[int]) -> int:
+    count = 0
+    for value in mask:
+        if value != 1:
+            break
+        count += 1
+    return count
+
+
+class Tokenization:
+    """A served model's inputs to token ids, as the model's settings say: its default prompt,
+    lowercasing, the input limit and truncation. Stateless but for a cache of prompt lengths:
+    any tokenizer thread may call it."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        max_input_length: int,
+        prompt: str = "",
+        include_prompt: bool = True,
+        lowercase: bool = False,
+    ) -> None:
+        self.tokenizer = tokenizer
+        """warmgate's own (tokenizer.py) or transformers' fast tokenizer."""
+        self.max_input_length = max_input_length
+        # The model's default prompt, put before every input as sentence-transformers does.
+        self.prompt = prompt
+        self.include_prompt = include_prompt
+        """False: a prompt's tokens are left out of the pooling (TokenIds.pool_from)."""
+        self.lowercase = lowercase
+        """sentence_bert_config.json's do_lower_case: lowercase every text first."""
+        self._prompt_lengths: dict[str, int] = {}
+        # warmgate's BERT tokenizer is stateless; transformers' sets truncation and padding on
+        # its Rust tokenizer at each call, which raises when two threads call at once.
+        self._tokenizer_lock = None if isinstance(tokenizer, BertTokenizer) else threading.Lock()
+
+    def _encode(self, strings: list[str], **options: bool) -> dict:
+        if self._tokenizer_lock is None:
+            return self.tokenizer(strings, verbose=False, **options)
+        with self._tokenizer_lock:
+            return self.tokenizer(strings, verbose=False, **options)
+
+    def tokenize(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        truncate: bool = False,
+        truncate_left: bool = False,
+        max_length: int | None = None,
+        prompt: str | None = None,
+    ) -> list[list[int]]:
+        """Token ids with special tokens, unpadded. Raises InputTooLong unless truncating.
+
+        An input given as token ids is taken as it is (the model's own ids, no special tokens
+        added, no prompt), as text-embeddings-inference does. Texts get `prompt` before them
+        (None: the model's default prompt). Truncation keeps the model's
+        special tokens and cuts the text between them, on the right (end of the text) or the
+        left (start of the text).
+
+        Every text is tokenized whole, however long, and judged on its tokens alone: no count
+        of characters bounds a text's tokens (10,000 spaces are no token to WordPiece and
+        thousands to a byte-level BPE), so cutting or refusing a text on its characters first
+        served other tokens than the tokenizer's, or refused a text of a few tokens (issue
+        41). --payload-limit bounds the cost: one string of the default 2 MB took 0.1 to 2 s of
+        one AMD EPYC core to tokenize, whatever its text and whichever the tokenizer
+        (WordPiece and SentencePiece in tokenizer.py, byte-level BPE in transformers), and
+        truncating saves none of it (transformers' tokenizers also cut after tokenizing).
+        """
+        limit = max_length or self.max_input_length
+        strings = [text for text in texts if isinstance(text, str)]
+        prompt = self.prompt if prompt is None else prompt
+        if prompt:
+            strings = [prompt + text for text in strings]
+        if self.lowercase:
+            strings = [text.lower() for text in strings]
+        pool_from = 0 if self.include_prompt or not prompt else self._prompt_length(prompt)
+        encoded = (
+            self._encode(strings, return_special_tokens_mask=True)
+            if strings
+            else {"input_ids": [], "special_tokens_mask": []}
+        )
+        pairs = iter(zip(encoded["input_ids"], encoded["special_tokens_mask"], strict=True))
+        result = []
+        for index, item in enumerate(texts):
+            skip = 0
+            if isinstance(item, str):
+                ids, special = next(pairs)
+                skip = pool_from
+            else:
+                ids, special = list(item), [0] * len(item)
+            if len(ids) > limit:
+                if not truncate:
+                    raise InputTooLong(index, len(ids), limit)
+                head = _leading_ones(special)
+                tail = _leading_ones(special[::-1])
+                room = max(limit - head - tail, 0)
+                content = ids[head : len(ids) - tail]
+                content = content[len(content) - room :] if truncate_left else content[:room]
+                ids = ids[:head] + content + ids[len(ids) - tail :]
+            result.append(TokenIds(ids, skip) if skip else ids)
+        return result
+
+    def _prompt_length(self, prompt: str) -> int:
+        """The prompt's tokens at the start of an input, as sentence-transformers counts them
+        for include_prompt: false: the prompt tokenized alone, less a trailing special token."""
+        if prompt not in self._prompt_lengths:
+            text = prompt.lower() if self.lowercase else prompt
+            encoded = self._encode([text], return_special_tokens_mask=True)
+            ids, special = encoded["input_ids"][0], encoded["special_tokens_mask"][0]
+            self._prompt_lengths[prompt] = len(ids) - (1 if ids and special[-1] else 0)
+        return self._prompt_lengths[prompt]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    def tokens(
+        self, texts: Sequence[str], add_special_tokens: bool, prompt: str | None = None
+    ) -> list[list[dict]]:
+        """Each text's tokens as text-embeddings-inference's /tokenize lists them: id, text,
+        special, and the UTF-8 byte span of the text it came from (none for special tokens).
+        Texts get `prompt` before them (None: the model's default prompt)."""
+        tokenizer = self.tokenizer
+        prompt = self.prompt if prompt is None else prompt
+        if prompt:
+            texts = [prompt + text for text in texts]
+        encoded = self._encode(
+            list(texts),
+            add_special_tokens=add_special_tokens,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+        )
+        result = []
+        for text, ids, offsets, special in zip(
+            texts,
+            encoded["input_ids"],
+            encoded["offset_mapping"],
+            encoded["special_tokens_mask"],
+            strict=True,
+        ):
+            names = tokenizer.convert_ids_to_tokens(ids)
+            tokens = []
+            for token_id, (start, stop), is_special, name in zip(
+                ids, offsets, special, names, strict=True
+            ):
+                if is_special:
+                    tokens.append(
+                        {"id": token_id, "text": name, "special": True, "start": None, "stop": None}
+                    )
+                    continue
+                begin = len(text[:start].encode())
+                end = begin + len(text[start:stop].encode())
+                tokens.append(
+                    {
+                        "id": token_id,
+                        "text": text[start:stop],
+                        "special": False,
+                        "start": begin,
+                        "stop": end,
+                    }
+                )
+            result.append(tokens)
+        return result
+
+    def decode(self, ids: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
+        lists, tokenizer = [list(item) for item in ids], self.tokenizer
+        if self._tokenizer_lock is None:
+            return tokenizer.batch_decode(lists, skip_special_tokens=skip_special_tokens)
+        with self._tokenizer_lock:
+            return tokenizer.batch_decode(lists, skip_special_tokens=skip_special_tokens)
 
 
 class Preprocessor:
     def __init__(
         self,
-        runner: ModelRunner,
+        tokenization: Tokenization,
         openai_ids: OpenAITokenIds | None,
         pool: ThreadPoolExecutor,
         metrics: Metrics,
     ) -> None:
-        self._runner = runner
+        self._tokenization = tokenization
         self._openai_ids = openai_ids
         self._pool = pool
         self._metrics = metrics
@@ -55,7 +240,7 @@ class Preprocessor:
         if request.openai_ids:
             assert self._openai_ids is not None  # parse_openai sets it only with the encoding
             texts = self._openai_ids.texts(texts)
-        return self._runner.tokenize(
+        return self._tokenization.tokenize(
             texts, request.truncate, request.truncate_left, prompt=request.prompt
         )
 
@@ -63,11 +248,11 @@ class Preprocessor:
         self, texts: Sequence[str], add_special_tokens: bool, prompt: str | None = None
     ) -> list[list[dict]]:
         """TEI's /tokenize: each text's tokens with their text and byte spans."""
-        return await self._in_pool(self._runner.tokens, texts, add_special_tokens, prompt)
+        return await self._in_pool(self._tokenization.tokens, texts, add_special_tokens, prompt)
 
     async def decode(self, ids: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
         """TEI's /decode: token ids back to text."""
-        return await self._in_pool(self._runner.decode, ids, skip_special_tokens)
+        return await self._in_pool(self._tokenization.decode, ids, skip_special_tokens)
 
     async def _in_pool(self, function: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, function, *args)

@@ -45,7 +45,7 @@ import base64
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 BERT_CLASSES = ("BertTokenizer", "BertTokenizerFast")
 # transformers' DistilBertTokenizer is BertTokenizer with other input names (no token types).
@@ -68,6 +68,21 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
+
+
+class Tokenizer(Protocol):
+    """The part of transformers' tokenizer interface the server uses, which BertTokenizer (and
+    its subclasses) offers without transformers."""
+
+    pad_token_id: int | None
+    cls_token_id: int | None
+    model_max_length: int
+    model_input_names: list[str]
+
+    def __call__(self, texts: list[str], **options: bool) -> Any: ...
+    def __len__(self) -> int: ...
+    def convert_ids_to_tokens(self, ids: list[int]) -> Any: ...
+    def batch_decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> Any: ...
 
 
 class BertTokenizer:

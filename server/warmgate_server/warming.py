@@ -3,7 +3,7 @@ side by side as under load, as the device's rule says (warmup.py: on a CPU once 
 timed; on a GPU until its latency settles); CUDA graphs are captured first, and oneDNN's kernels
 for the row counts no planned shape reaches are made (linear.warm). Shapes go from the smallest
 up, each one's memory need measured, and none starts whose predicted need is past the budget
-(memory.py): with --memory-policy refuse the warmup fails there, naming the shape, its
+(memory_prediction.py): with --memory-policy refuse the warmup fails there, naming the shape, its
 prediction, the limit and what to change; with fit the plan is cut there and the batcher is
 told. What it measured goes to the lifecycle (/ready) and the metrics."""
 
@@ -27,7 +27,8 @@ from warmgate_contract.shapes import Shape
 
 from .errors import MemoryExceeded, ModelLoadError
 from .lifecycle import Lifecycle
-from .memory import ACTIVATION_FACTOR, PassModel, Probe, predict, warm_order
+from .memory import Probe
+from .memory_prediction import ACTIVATION_FACTOR, PassModel, predict, warm_order
 from .metrics import Metrics
 from .pacing import CpuPacer
 from .warmup import SettleRule, should_stop, steady_seconds
@@ -310,7 +311,7 @@ class Warmup:
         graphs = workers.runner.graphs
         if graphs is None:
             return
-        from .graphs import GraphCaptureError
+        from .backends.graphs import GraphCaptureError
 
         try:
             for shape in self.plan:

@@ -1,6 +1,7 @@
 """core: the model workers. Each has a thread of its own, where the forward passes of its
 batches and of the warmup run (never on the event loop); all share one runner, its weights and
-its CUDA graphs. Also how forward passes run, as /ready and /info report it (`forward`)."""
+its CUDA graphs. Also how forward passes run, as /ready and /info report it
+(`forward_report`)."""
 
 from __future__ import annotations
 
@@ -90,13 +91,13 @@ class Workers:
             return "off", f"the device is {loaded.device}"
         if not config.warmup:
             return "off", "--no-warmup: graphs are captured during warmup"
-        from .graphs import GraphSet, graph_forward
+        static_forward = self.runner.backend.static_forward()
+        if static_forward is None:
+            return "off", f"the {self.runner.backend.name} pass has no static forward to capture"
+        from .backends.graphs import GraphSet
 
         self.runner.graphs = GraphSet(
-            graph_forward(loaded, self.runner.head),
-            loaded.device,
-            loaded.pad_token_id,
-            loaded.cls_token_id,
+            static_forward, loaded.device, loaded.pad_token_id, loaded.cls_token_id
         )
         return "on", ""
 
@@ -112,9 +113,9 @@ class Workers:
         /ready without a warmup): the model exported and opened in ONNX Runtime, a session for
         the workers' threads and one for solo batches', unless the export's peak would pass
         the memory limit (MemoryExceeded, before it starts). Does nothing otherwise."""
-        if self._backend != "onnxruntime" or self.runner.loaded.ort is not None:
+        if self._backend != "onnxruntime":
             return
-        from .ort import check_export_fits
+        from .backends.ort_export import check_export_fits
         from .source import weights_bytes
 
         def check() -> None:  # on a cache hit there is no export, and no export peak
@@ -125,33 +126,16 @@ class Workers:
 
     def forward_report(self) -> dict[str, object]:
         """How forward passes run: warmgate's own pass (packed) or the model's (padded), the
-        attention it uses, and the CUDA graphs (on or off, why off, and what they hold)."""
-        packed = self.runner.packed
-        if packed is None:
-            attention = "the model's own"
-        elif packed.varlen is not None:
-            attention = "variable-length (flash)"
-        else:
-            attention = "padded keys"
+        attention it uses, the CUDA graphs (on or off, why off, and what they hold), and what
+        the backend adds (its linear kernels, its ONNX Runtime sessions)."""
+        backend = self.runner.backend
         graphs: dict[str, object] = {"mode": self.graphs_mode, "reason": self.graphs_reason}
         if self.runner.graphs is not None:
             graphs.update(self.runner.graphs.stats.as_json())
-        ort = self.runner.loaded.ort
-        if ort is not None:
-            attention = "ONNX Runtime's"
-        report: dict[str, object] = {
-            "pass": "packed" if packed is not None else "padded",
+        return {
+            "pass": backend.name,
             "backend": self._backend,
-            "attention": attention,
+            "attention": backend.attention,
             "cuda_graphs": graphs,
+            **backend.details(),
         }
-        if packed is not None:
-            report["linear"] = packed.kernels.as_json()
-        if ort is not None:
-            report["onnxruntime"] = {
-                "export_seconds": round(ort.export_seconds, 2),
-                "session_threads": list(ort.thread_counts),
-                "cache": ort.cache,
-                "cache_entry": ort.cache_path or None,
-            }
-        return report

@@ -22,15 +22,17 @@ from warmgate_contract.names import REASON_MEMORY_EXCEEDED
 from warmgate_contract.shapes import Shape
 from warmgate_devcluster import cgroups
 from warmgate_server.memory import (
-    ACTIVATION_FACTOR,
-    ACTIVATION_SLACK,
     CODE_PAGES,
     Cgroup,
-    PassModel,
     ProcessProbe,
     anonymous_bytes,
     mapped_bytes,
     model_files,
+)
+from warmgate_server.memory_prediction import (
+    ACTIVATION_FACTOR,
+    ACTIVATION_SLACK,
+    PassModel,
     predict,
     warm_order,
 )
@@ -317,9 +319,9 @@ def test_fit_serves_the_shapes_that_fit_and_its_batcher_forms_no_other(limited) 
 def test_a_limit_below_what_loading_takes_is_refused_with_the_image_measurement(
     tmp_path: Path,
 ) -> None:
-    from warmgate_server.app import check_loading_fits
     from warmgate_server.errors import MemoryExceeded
-    from warmgate_server.memory import Limit, loading_need
+    from warmgate_server.memory import Limit
+    from warmgate_server.preflight import check_loading_fits, loading_need
 
     runtime = tmp_path / "runtime-memory.json"
     runtime.write_text(json.dumps({"resident_bytes": 560 * MiB, "torch": "2.15.0"}))
@@ -337,9 +339,9 @@ def test_a_limit_below_what_loading_takes_is_refused_with_the_image_measurement(
 @pytest.mark.slow
 def test_a_process_under_a_limit_too_small_to_load_says_so_and_stays_up(tmp_path: Path) -> None:
     """300 MiB, the issue's example: below what importing this torch alone takes here. The
-    measurement is made as the image's build makes it (python -m warmgate_server.memory)."""
+    measurement is made as the image's build makes it (python -m warmgate_server.preflight)."""
     runtime = tmp_path / "runtime-memory.json"
-    subprocess.run([sys.executable, "-m", "warmgate_server.memory", str(runtime)], check=True)
+    subprocess.run([sys.executable, "-m", "warmgate_server.preflight", str(runtime)], check=True)
     args = ["--model", str(minilm_path()), "--device", "cpu"]
     with cgroups.memory_limited(f"warmgate-test-{time.monotonic_ns()}", 300 * MiB) as group:
         env = {"WARMGATE_RUNTIME_MEMORY": str(runtime)}

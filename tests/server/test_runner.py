@@ -131,7 +131,7 @@ def test_packed_pass_equals_the_transformers_forward_pass_for_other_bert_configs
     from support.server import pooled
     from transformers import BertConfig, BertModel
 
-    from warmgate_server.packed import PackedBert
+    from warmgate_server.models.bert import PackedBert
 
     torch.manual_seed(0)
     config = BertConfig(

@@ -21,14 +21,15 @@ from support.server import QUICK_SETTLE, dense_pooled, padded_batch, pooled
 
 from warmgate_contract.report import WARMING
 from warmgate_contract.shapes import Shape
+from warmgate_server.backends import graph_forward
+from warmgate_server.backends.graphs import GraphCaptureError, GraphSet, replay_eagerly
 from warmgate_server.config import ConfigError, parse_config
-from warmgate_server.graphs import GraphCaptureError, GraphSet, graph_forward, replay_eagerly
 from warmgate_server.head import Head
 from warmgate_server.lifecycle import Lifecycle
 from warmgate_server.loading import LoadedModel, load_model
 from warmgate_server.memory import ProcessProbe
 from warmgate_server.metrics import Metrics
-from warmgate_server.packed import PackedBert
+from warmgate_server.models.bert import PackedBert
 from warmgate_server.runner import ModelRunner
 from warmgate_server.warming import Warmup
 from warmgate_server.workers import Workers
@@ -246,7 +247,7 @@ def test_a_graph_leaves_a_prompt_out_of_pooling_as_the_packed_pass_does(loaded_m
     """Inputs whose first tokens pooling leaves out (a prompt, include_prompt: false) get the
     same vectors from a graph's static pooling mask as from the padding-free pass, and not
     the vectors of their whole inputs."""
-    from warmgate_server.runner import TokenIds
+    from warmgate_server.pre import TokenIds
 
     shape = Shape(4, 32)
     graphs = _graph_set(loaded_minilm)

@@ -1,5 +1,5 @@
 """Decoder-shaped embedding models run by warmgate's own padding-free forward pass, as
-packed.py runs the BERT family: Qwen3 (Qwen3-Embedding-0.6B, -4B, -8B and their fine-tunes) and
+bert.py runs the BERT family: Qwen3 (Qwen3-Embedding-0.6B, -4B, -8B and their fine-tunes) and
 Gemma 3 with bidirectional attention (EmbeddingGemma).
 
 A Qwen3 layer is a decoder's: RMSNorm before attention and before the MLP, query and key
@@ -30,8 +30,12 @@ logged: Qwen3's sliding-window attention, RoPE scaling (a rope_type other than d
 activations, a causal Gemma 3, attention logit soft-capping, custom code. The weights come
 straight from the folder (checkpoint.py); every weight must be used and none may be missing (a
 causal LM's `lm_head`, which no embedding reads, aside). On a CPU in fp32 the linear layers take
-oneDNN or MKL as measured at load (linear.py). On a GPU the static pass (`dense`, padded keys at
-the planned shape) is what CUDA graphs capture; the padding-free pass serves what has no graph.
+oneDNN or MKL as measured at load (linear.py). On a GPU the static pass (`dense`, padded keys
+at the planned shape) is what CUDA graphs capture; the padding-free pass serves what has no
+graph.
+
+What one family does its own way (its norms and their places, its activation, causal or both
+ways, Gemma's scalings, what its config.json may say) is its `Family`; the pass itself is one.
 """
 
 from __future__ import annotations
@@ -39,16 +43,17 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import linear
-from .errors import weight_names
-from .packed import CheckpointMismatch, Packing, on_device, read_folder
+from ..errors import weight_names
+from . import linear, packing
+from .packing import CheckpointMismatch, Packing, on_device, read_folder
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +64,6 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 # Weights no embedding reads: a causal LM's head, and buffers of older checkpoints.
 _NOT_READ = ("lm_head.", "rotary_emb.")
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj")
-# A layer's norms, in the order PackedDecoder.norms holds them, and its MLP.
-_NORMS = {
-    QWEN3: ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm"),
-    GEMMA3: ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-             "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm"),
-}  # fmt: skip
 _MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 _GELU_TANH = ("gelu_pytorch_tanh",)
 # Gemma3TextConfig's defaults, for configs that leave them out.
@@ -91,23 +90,22 @@ def rope_thetas(config: Mapping[str, Any]) -> dict[str, float] | str:
     all layers or one per layer type; or the older rope_theta and Gemma's
     rope_local_base_freq, with rope_scaling), or why this pass cannot rotate as the model
     does."""
-    gemma = config.get("model_type") == GEMMA3
+    family = FAMILIES[config["model_type"]]
     parameters = config.get("rope_parameters")
     if not isinstance(parameters, Mapping):
         scaling = config.get("rope_scaling")
         if scaling and (scaling.get("rope_type") or scaling.get("type")) != "default":
             return f"RoPE scaling {scaling!r}"
-    full_default = _GEMMA_THETA if gemma else 10000.0
     if isinstance(parameters, Mapping) and FULL in parameters:  # one per layer type
         per_type = {kind: parameters.get(kind) for kind in (FULL, SLIDING)}
     else:
         per_type = {FULL: parameters, SLIDING: parameters}
     thetas: dict[str, float] = {}
     for kind, fallback in (
-        (FULL, config.get("rope_theta", full_default)),
+        (FULL, config.get("rope_theta", family.rope_theta)),
         (SLIDING, config.get("rope_local_base_freq", _GEMMA_LOCAL_THETA)),
     ):
-        if not gemma and kind == SLIDING:
+        if not family.sliding and kind == SLIDING:
             continue
         theta = _theta(per_type[kind], fallback)
         if isinstance(theta, str):
@@ -123,7 +121,7 @@ def layer_kinds(config: Mapping[str, Any]) -> list[str]:
     kinds = config.get("layer_types")
     if kinds:
         return list(kinds)[:layers]
-    if config.get("model_type") != GEMMA3:
+    if not FAMILIES[config["model_type"]].sliding:
         return [FULL] * layers
     pattern = int(config.get("sliding_window_pattern") or _GEMMA_PATTERN)
     return [SLIDING if (index + 1) % pattern else FULL for index in range(layers)]
@@ -140,33 +138,41 @@ def supports_config(config: Mapping[str, Any]) -> str | None:
             return f"config.json has no {key}"
     if config.get("auto_map"):
         return "config.json's auto_map names custom code"
-    kinds = layer_kinds(config)
-    if model_type == QWEN3:
-        if config.get("hidden_act", "silu") != "silu":
-            return f"activation {config.get('hidden_act')!r} is not silu"
-        if config.get("use_sliding_window"):
-            return "sliding-window attention"
-        if any(kind != FULL for kind in kinds):
-            return f"layer types {sorted(set(kinds))} are not all full_attention"
-        if config.get("use_bidirectional_attention"):
-            return "bidirectional attention"
-    else:
-        activation = config.get("hidden_activation") or config.get("hidden_act")
-        if activation not in _GELU_TANH:
-            return f"activation {activation!r} is not gelu_pytorch_tanh"
-        if not config.get("use_bidirectional_attention"):
-            return "a causal Gemma 3 (EmbeddingGemma attends both ways)"
-        if config.get("attn_logit_softcapping") is not None:
-            return "attention logit soft-capping"
-        if not set(kinds) <= {FULL, SLIDING}:
-            return f"layer types {sorted(set(kinds))}"
-        if SLIDING in kinds and not isinstance(config.get("sliding_window"), int):
-            return "sliding layers without a sliding_window"
-        if not isinstance(config.get("query_pre_attn_scalar", 256), int | float):
-            return f"query_pre_attn_scalar {config.get('query_pre_attn_scalar')!r}"
+    why_not = FAMILIES[model_type].supports(config, layer_kinds(config))
+    if why_not is not None:
+        return why_not
     thetas = rope_thetas(config)
     if isinstance(thetas, str):
         return thetas
+    return None
+
+
+def _qwen3_supports(config: Mapping[str, Any], kinds: list[str]) -> str | None:
+    if config.get("hidden_act", "silu") != "silu":
+        return f"activation {config.get('hidden_act')!r} is not silu"
+    if config.get("use_sliding_window"):
+        return "sliding-window attention"
+    if any(kind != FULL for kind in kinds):
+        return f"layer types {sorted(set(kinds))} are not all full_attention"
+    if config.get("use_bidirectional_attention"):
+        return "bidirectional attention"
+    return None
+
+
+def _gemma3_supports(config: Mapping[str, Any], kinds: list[str]) -> str | None:
+    activation = config.get("hidden_activation") or config.get("hidden_act")
+    if activation not in _GELU_TANH:
+        return f"activation {activation!r} is not gelu_pytorch_tanh"
+    if not config.get("use_bidirectional_attention"):
+        return "a causal Gemma 3 (EmbeddingGemma attends both ways)"
+    if config.get("attn_logit_softcapping") is not None:
+        return "attention logit soft-capping"
+    if not set(kinds) <= {FULL, SLIDING}:
+        return f"layer types {sorted(set(kinds))}"
+    if SLIDING in kinds and not isinstance(config.get("sliding_window"), int):
+        return "sliding layers without a sliding_window"
+    if not isinstance(config.get("query_pre_attn_scalar", 256), int | float):
+        return f"query_pre_attn_scalar {config.get('query_pre_attn_scalar')!r}"
     return None
 
 
@@ -186,20 +192,88 @@ def gemma_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
     return (h * (1.0 + weight.float())).type_as(x)
 
 
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+class LayerNorms(NamedTuple):
+    """One layer's norm weights by the place they take in it; None where the family has no
+    norm there (Qwen3 normalises no sublayer's output)."""
+
+    input: torch.Tensor
+    pre_mlp: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    post_attention: torch.Tensor | None = None
+    post_mlp: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    """What one decoder family does its own way; the pass (PackedDecoder) is the same."""
+
+    model_type: str
+    norms: Mapping[str, str]
+    """A layer's norm weights (`layers.N.` + these + `.weight`) and their places (LayerNorms)."""
+    norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    activation: Callable[[torch.Tensor], torch.Tensor]
+    """The MLP gate's."""
+    bidirectional: bool
+    """Attends both ways, the padded keys masked; else causally (with right padding that alone
+    keeps the real queries off the padding)."""
+    scaled: bool
+    """Gemma's scalings: the embeddings by sqrt(hidden), the attention scores by
+    query_pre_attn_scalar ** -0.5 (else 1 / sqrt(head size))."""
+    sliding: bool
+    """Layers may attend within a window (with a RoPE base of their own)."""
+    rope_theta: float
+    """The full layers' RoPE base where config.json states none."""
+    supports: Callable[[Mapping[str, Any], list[str]], str | None]
+    """None when this pass runs a model of the family with this config.json (and these layer
+    kinds), else why not."""
+
+
+QWEN3_FAMILY = Family(
+    model_type=QWEN3,
+    norms={"input_layernorm": "input", "post_attention_layernorm": "pre_mlp",
+           "self_attn.q_norm": "q", "self_attn.k_norm": "k"},
+    norm=rms_norm,
+    activation=F.silu,
+    bidirectional=False,
+    scaled=False,
+    sliding=False,
+    rope_theta=10000.0,
+    supports=_qwen3_supports,
+)  # fmt: skip
+GEMMA3_FAMILY = Family(
+    model_type=GEMMA3,
+    norms={"input_layernorm": "input", "post_attention_layernorm": "post_attention",
+           "pre_feedforward_layernorm": "pre_mlp", "post_feedforward_layernorm": "post_mlp",
+           "self_attn.q_norm": "q", "self_attn.k_norm": "k"},
+    norm=gemma_norm,
+    activation=_gelu_tanh,
+    bidirectional=True,
+    scaled=True,
+    sliding=True,
+    rope_theta=_GEMMA_THETA,
+    supports=_gemma3_supports,
+)  # fmt: skip
+FAMILIES = {family.model_type: family for family in (QWEN3_FAMILY, GEMMA3_FAMILY)}
+
+
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class PackedDecoder:
     """A Qwen3 or EmbeddingGemma model's weights and its padding-free forward pass (call it in
-    inference mode). The same interface as packed.PackedBert: from_folder, encode, dense,
+    inference mode). The same interface as bert.PackedBert: from_folder, encode, dense,
     hidden, max_positions, varlen, kernels."""
 
     def __init__(self, state: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
         why_not = supports_config(config)
         if why_not is not None:
             raise ValueError(f"cannot run this model packed: {why_not}")
-        model_type = str(config["model_type"])
-        self.gemma = model_type == GEMMA3
+        self.family = family = FAMILIES[str(config["model_type"])]
         state = _canonical(state)
         first = next(iter(state.values()))
         self.device = first.device
@@ -225,20 +299,19 @@ class PackedDecoder:
         # (EmbeddingGemma's 512: keys at most 256 positions away on either side).
         self.window = int(config["sliding_window"]) // 2 + 1 if SLIDING in self.kinds else None
         """A sliding layer's query sees the keys less than this many positions away."""
-        self.scale = float(config.get("query_pre_attn_scalar", 256)) ** -0.5 if self.gemma else None
+        self.scale = (
+            float(config.get("query_pre_attn_scalar", 256)) ** -0.5 if family.scaled else None
+        )
         """Attention's score scale (None: 1 / sqrt(head size))."""
         self.embed_scale = (
-            torch.tensor(self.hidden**0.5).to(self.device, self.dtype) if self.gemma else None
+            torch.tensor(self.hidden**0.5).to(self.device, self.dtype) if family.scaled else None
         )
-        self.norm = gemma_norm if self.gemma else rms_norm
-        self.activation: Callable[[torch.Tensor], torch.Tensor] = (
-            (lambda x: F.gelu(x, approximate="tanh")) if self.gemma else F.silu
-        )
+        self.norm = family.norm
+        self.activation = family.activation
         layers = len(self.kinds)
         bias = bool(config.get("attention_bias", False))
-        norms = _NORMS[model_type]
         per_layer = [f"self_attn.{name}.weight" for name in (*_PROJECTIONS, "o_proj")]
-        per_layer += [f"{name}.weight" for name in (*norms, *_MLP)]
+        per_layer += [f"{name}.weight" for name in (*family.norms, *_MLP)]
         if bias:
             per_layer += [f"self_attn.{name}.bias" for name in (*_PROJECTIONS, "o_proj")]
         wanted = {"embed_tokens.weight", "norm.weight"}
@@ -255,13 +328,17 @@ class PackedDecoder:
             )
         self.embed = state["embed_tokens.weight"]
         self.final_norm = state["norm.weight"]
-        self.norms: list[tuple[torch.Tensor, ...]] = []
-        """Each layer's norm weights, in _NORMS's order for the model type."""
+        self.norms: list[LayerNorms] = []
+        """Each layer's norm weights, by their places in it."""
         plain = []
         for index in range(layers):
             own = f"layers.{index}."
             attn = own + "self_attn."
-            self.norms.append(tuple(state[own + name + ".weight"] for name in norms))
+            self.norms.append(
+                LayerNorms(
+                    **{place: state[f"{own}{name}.weight"] for name, place in family.norms.items()}
+                )
+            )
             plain.append(
                 linear.Layer(
                     qkv_weight=torch.cat([state[f"{attn}{p}.weight"] for p in _PROJECTIONS]),
@@ -288,7 +365,7 @@ class PackedDecoder:
         self.rope = {kind: self._rope(thetas[kind]) for kind in set(self.kinds)}
         """Each layer type's (cos, sin) of every position."""
         self.kernels = linear.choose(plain, self.device, self.dtype, lambda x: x, ("none", ""))
-        """The linear layers' kernel for a pass of a given token count (linear.py)."""
+        """The linear layers' kernel for a pass of a given token count (models/linear.py)."""
 
     @classmethod
     def from_folder(
@@ -315,7 +392,7 @@ class PackedDecoder:
             slot, keys = None, None
             if not p.uniform:
                 slot = on_device(p.slots(), device)
-                if self.gemma:  # both ways: the padded keys masked (causal: right padding)
+                if self.family.bidirectional:  # the padded keys masked (causal: right padding)
                     keys = on_device(p.keys(), device)
             attend = {kind: self._attend(slot, keys, p.rows, p.seq_len, kind) for kind in self.rope}
         where = on_device(p.position, device)
@@ -338,7 +415,7 @@ class PackedDecoder:
             kind: (cos[:seq_len].repeat(rows, 1), sin[:seq_len].repeat(rows, 1))
             for kind, (cos, sin) in self.rope.items()
         }
-        keys = mask.bool()[:, None, None, :] if self.gemma else None
+        keys = mask.bool()[:, None, None, :] if self.family.bidirectional else None
         attend = {kind: self._attend(None, keys, rows, seq_len, kind) for kind in self.rope}
         kernel = self.kernels.for_rows(rows * seq_len)
         for layer, norms, kind in zip(kernel.layers, self.norms, self.kinds, strict=True):
@@ -372,7 +449,7 @@ class PackedDecoder:
             index = torch.arange(seq_len, device=self.device)
             band = (index[:, None] - index[None, :]).abs() < self.window
             mask = band if keys is None else keys & band
-        causal, scale = not self.gemma, self.scale
+        causal, scale = not self.family.bidirectional, self.scale
 
         def layout(part: torch.Tensor) -> torch.Tensor:
             if slot is not None:
@@ -400,7 +477,7 @@ class PackedDecoder:
         causal for Qwen3; both ways for Gemma, within `window` - 1 on a sliding layer."""
         varlen, width, scale = self.varlen, self.heads * self.head_size, self.scale
         assert varlen is not None
-        if not self.gemma:
+        if not self.family.bidirectional:
             window = (-1, 0)
         elif kind == SLIDING and self.window is not None:
             window = (self.window - 1, self.window - 1)
@@ -419,38 +496,32 @@ class PackedDecoder:
         self,
         kernel: linear.Kernel,
         layer: linear.Layer,
-        norms: tuple[torch.Tensor, ...],
+        norms: LayerNorms,
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
         attend: Attend,
     ) -> torch.Tensor:
         norm, eps = self.norm, self.eps
-        if self.gemma:
-            input_norm, post_norm, pre_mlp_norm, post_mlp_norm, q_norm, k_norm = norms
-        else:
-            (input_norm, pre_mlp_norm, q_norm, k_norm), post_norm = norms, None
-            post_mlp_norm = None
         tokens, size = x.shape[0], self.head_size
-        qkv = kernel.linear(norm(x, input_norm, eps), layer.qkv_weight, layer.qkv_bias)
+        qkv = kernel.linear(norm(x, norms.input, eps), layer.qkv_weight, layer.qkv_bias)
         q, k, v = qkv.split([self.heads * size, self.kv_heads * size, self.kv_heads * size], dim=-1)
-        q = _rotate(norm(q.view(tokens, self.heads, size), q_norm, eps), cos, sin)
-        k = _rotate(norm(k.view(tokens, self.kv_heads, size), k_norm, eps), cos, sin)
+        q = _rotate(norm(q.view(tokens, self.heads, size), norms.q, eps), cos, sin)
+        k = _rotate(norm(k.view(tokens, self.kv_heads, size), norms.k, eps), cos, sin)
         context = attend(q, k, v.reshape(tokens, self.kv_heads, size))
         attended = kernel.linear(context, layer.out_weight, layer.out_bias)
-        x = x + (attended if post_norm is None else norm(attended, post_norm, eps))
-        gate_up = kernel.linear(norm(x, pre_mlp_norm, eps), layer.inner_weight, None)
+        post_attention, post_mlp = norms.post_attention, norms.post_mlp
+        x = x + (attended if post_attention is None else norm(attended, post_attention, eps))
+        gate_up = kernel.linear(norm(x, norms.pre_mlp, eps), layer.inner_weight, None)
         gate, up = gate_up.split(self.intermediate, dim=-1)
         out = kernel.linear(self.activation(gate) * up, layer.output_weight, None)
-        return x + (out if post_mlp_norm is None else norm(out, post_mlp_norm, eps))
+        return x + (out if post_mlp is None else norm(out, post_mlp, eps))
 
 
 def _windowed_varlen(device: torch.device, dtype: torch.dtype) -> Callable[..., Any] | None:
     """torch's variable-length flash attention where it runs (CUDA, half precision) and takes
     a window, a scale and grouped key/value heads (torch 2.10 on), else None."""
-    from . import packed
-
-    varlen = packed._varlen_attention(device, dtype)
+    varlen = packing.varlen_attention(device, dtype)
     if varlen is None:
         return None
     try:

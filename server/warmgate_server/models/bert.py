@@ -6,9 +6,8 @@ almost all of the work is (about 21 of MiniLM's 22 MFLOP per token). The padding
 (`encode`) runs the linear layers and layer norms on the real tokens only, packed into one
 (tokens, hidden) matrix. Attention on a CPU sees a padded (n, heads, L', head) layout, with
 padded keys masked, L' the batch's longest input rounded up to ATTENTION_ALIGN (not the bucket:
-with 14-token sentences in the 32 bucket that makes MiniLM's whole pass 8% faster, 16-18% with
-20 of 32 rows, where the planned shape's 12 padding rows are left out too; a CPU picks no
-kernel per shape); on a CUDA device in half precision it runs variable-length (flash)
+a CPU picks no kernel per shape, and the planned shape's padding rows are left out too:
+packing.py); on a CUDA device in half precision it runs variable-length (flash)
 attention on the packed tokens, so nothing is padded at all. The query, key and value
 projections are fused into one matrix multiplication. Same weights, same maths as the Hugging
 Face forward pass (tests compare both with sentence-transformers), less work.
@@ -31,12 +30,13 @@ GPU as on a CPU.
 
 The static pass (`dense`) takes a padded (rows, L) batch already on the device and returns its
 token states there, with no host synchronisation and no data-dependent shape: that is what a
-CUDA graph captures (graphs.py), one per warmed shape. Pooling and the modules after it are
+CUDA graph captures (backends/graphs.py), one per warmed shape. Pooling and the modules after it are
 head.py's.
 
 The weights come straight from the model folder (`config.json` and its checkpoint in any of its
-forms: checkpoint.py), so a BERT-family model starts without importing transformers' modeling
-stack (several seconds of CPU per pod start), or from an already loaded Hugging Face model.
+forms: checkpoint.py, read by packing.py), so a BERT-family model starts without importing
+transformers' modeling stack (several seconds of CPU per pod start), or from an already loaded
+Hugging Face model.
 Every weight of the checkpoint must be used and none may be missing (the pooler, which no
 embedding reads, aside).
 
@@ -54,12 +54,9 @@ what has no graph (`--cuda-graphs off`, or a shape outside the plan).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +64,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import checkpoint, linear
-from .errors import weight_names
+from ..errors import weight_names
+from . import linear, packing
+from .packing import CheckpointMismatch, Packing, on_device, read_folder
 
 log = logging.getLogger(__name__)
 _TANH_GELU = ((lambda x: F.gelu(x, approximate="tanh")), ("gelu", "tanh"))
@@ -80,15 +78,6 @@ _ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[str,
     "gelu_pytorch_tanh": _TANH_GELU,
     "relu": (F.relu, ("relu", "")),
 }
-
-
-class CheckpointMismatch(ValueError):
-    """The weights are not this architecture's: some missing (`missing`: the pass would run
-    with random weights there), or some left unused (it would run without them)."""
-
-    def __init__(self, message: str, missing: bool) -> None:
-        super().__init__(message)
-        self.missing = missing
 
 
 LAYER_WEIGHTS = tuple(
@@ -103,10 +92,8 @@ LAYER_WEIGHTS = tuple(
 """The weights of one BERT layer (`encoder.layer.N.` + these), under BERT's names."""
 
 
-# config.json model types the padding-free pass runs, and where their position ids start.
-PACKED_TYPES = ("bert", "xlm-roberta", "roberta", "camembert", "distilbert", "mpnet")
-ATTENTION_ALIGN = 8
-"""On a CPU, attention's padded length is the batch's longest input rounded up to this."""
+# config.json model types this module runs.
+MODEL_TYPES = ("bert", "xlm-roberta", "roberta", "camembert", "distilbert", "mpnet")
 _ROBERTA_TYPES = ("xlm-roberta", "roberta", "camembert")
 # Weights of the architecture that no embedding reads (BertModel's pooler), and buffers.
 _NOT_READ = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")
@@ -173,8 +160,8 @@ def position_offset(config: Mapping[str, Any]) -> int:
 
 def supports_config(config: Mapping[str, Any]) -> str | None:
     """None when a model with this config.json can run packed, else why not."""
-    if config.get("model_type") not in PACKED_TYPES:
-        return f"model type {config.get('model_type')!r} is not one of {', '.join(PACKED_TYPES)}"
+    if config.get("model_type") not in MODEL_TYPES:
+        return f"model type {config.get('model_type')!r} is not one of {', '.join(MODEL_TYPES)}"
     config = bert_config(config)
     if config.get("sinusoidal_pos_embds"):
         # transformers may write sinusoids over the checkpoint's position embeddings: its own
@@ -198,116 +185,6 @@ def supports_config(config: Mapping[str, Any]) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Packing:
-    """A batch laid out for a padding-free pass: its tokens one input after another, and the
-    (rows, seq_len) layout attention sees."""
-
-    count: int
-    """Inputs of the batch (rows past it are padding rows)."""
-    rows: int
-    seq_len: int
-    uniform: bool
-    """Every row of one length: attention runs on the packed tokens' own layout."""
-    lengths: np.ndarray
-    starts: np.ndarray
-    total: int
-    row_of: np.ndarray
-    """Each packed token's row."""
-    position: np.ndarray
-    """Each packed token's index in its input."""
-    token_ids: np.ndarray
-
-    @classmethod
-    def of(cls, batch: Sequence[Sequence[int]], seq_len: int, rows: int, own_rows: bool) -> Packing:
-        """`own_rows` (a CPU's padded keys): attention runs over the batch's own rows, padded
-        to its longest input rounded up to ATTENTION_ALIGN rather than the bucket (the padded
-        keys' work grows with the square of the padded length and is masked away, and a CPU
-        chooses no kernel per shape), and inputs all of one length (a lone input above all)
-        are not padded at all. Otherwise the planned (rows, seq_len), the rows past the batch
-        one token each (the first token of the first input)."""
-        count = len(batch)
-        lengths = np.fromiter(map(len, batch), dtype=np.int64, count=count)
-        uniform = False
-        if own_rows:
-            rows = count
-            longest = int(lengths.max()) if count else 1
-            uniform = count > 0 and int(lengths.min()) == longest
-            seq_len = (
-                longest
-                if uniform
-                else min(seq_len, -(-longest // ATTENTION_ALIGN) * ATTENTION_ALIGN)
-            )
-        if count < rows:
-            batch = [*batch, *([batch[0][:1]] * (rows - count))]
-            lengths = np.concatenate([lengths, np.ones(rows - count, dtype=np.int64)])
-        starts = np.zeros(rows, dtype=np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
-        total = int(lengths.sum())
-        row_of = np.repeat(np.arange(rows), lengths)
-        return cls(
-            count=count,
-            rows=rows,
-            seq_len=seq_len,
-            uniform=uniform,
-            lengths=lengths,
-            starts=starts,
-            total=total,
-            row_of=row_of,
-            position=np.arange(total) - starts[row_of],
-            token_ids=np.fromiter(chain.from_iterable(batch), np.int64, total),
-        )
-
-    def bounds(self) -> np.ndarray:
-        """The rows' cumulative token offsets (rows + 1, int32), as variable-length attention
-        takes them."""
-        return np.append(self.starts, self.total).astype(np.int32)
-
-    def slots(self) -> np.ndarray:
-        """Where each packed token sits in the padded (rows * seq_len) layout."""
-        return self.row_of * self.seq_len + self.position
-
-    def keys(self) -> np.ndarray:
-        """Which keys each row attends in the padded layout: (rows, 1, 1, seq_len)."""
-        return (np.arange(self.seq_len)[None, :] < self.lengths[:, None])[:, None, None, :]
-
-    def packed_states(self, x: torch.Tensor) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        """The batch's own inputs' states of a pass's (tokens, hidden) `x` (the padding rows'
-        left out), with each input's start and length."""
-        real = int(self.starts[self.count - 1] + self.lengths[self.count - 1])
-        return x[:real], self.starts[: self.count], self.lengths[: self.count]
-
-
-def on_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array as a tensor on `device` (on a CPU, the same memory)."""
-    tensor = torch.from_numpy(array)
-    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
-
-
-def read_folder(
-    folder: Path,
-    supports: Callable[[Mapping[str, Any]], str | None],
-    dtype: torch.dtype,
-    device: torch.device | str,
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """A model folder's checkpoint on `device` in `dtype`, and its config.json, where
-    `supports` finds nothing against the config; else ValueError saying why."""
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read config.json: {exc}") from None
-    why_not = supports(config)
-    if why_not is not None:
-        raise ValueError(f"cannot run this model packed: {why_not}")
-    try:
-        weights = checkpoint.load(folder)
-    except checkpoint.NoCheckpoint as exc:
-        raise ValueError(f"cannot run this model packed: {exc}") from None
-    state = {key: value.to(device=device, dtype=dtype) for key, value in weights.items()}
-    del weights
-    return state, config
-
-
 class PackedBert:
     """A BERT encoder's weights and its padding-free forward pass (call it in inference mode)."""
 
@@ -322,7 +199,7 @@ class PackedBert:
         self.dtype = first.dtype
         model_type = config.get("model_type")
         relative = model_type == "mpnet"
-        self.varlen = None if relative else _varlen_attention(self.device, self.dtype)
+        self.varlen = None if relative else packing.varlen_attention(self.device, self.dtype)
         """Variable-length (flash) attention on the packed tokens, or None (padded keys)."""
         self.hidden = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
@@ -517,17 +394,6 @@ class PackedBert:
         inner = kernel.activated(attended, layer.inner_weight, layer.inner_bias)
         output = kernel.linear(inner, layer.output_weight, layer.output_bias)
         return self._norm(output + attended, layer.output_norm)
-
-
-def _varlen_attention(device: torch.device, dtype: torch.dtype) -> Callable[..., Any] | None:
-    """torch's variable-length flash attention where it runs: CUDA, half precision."""
-    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
-        return None
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:  # torch before 2.9: padded keys, as on a CPU
-        return None
-    return varlen_attn
 
 
 def _canonical(state: Mapping[str, torch.Tensor], model_type: Any) -> dict[str, torch.Tensor]:

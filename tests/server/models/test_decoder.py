@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from support.server import dense_pooled, padded_batch, pooled
 
-from warmgate_server.decoder import PackedDecoder, supports_config
+from warmgate_server.models.decoder import PackedDecoder, supports_config
 from warmgate_testkit import zoo
 
 CLOSE = {"atol": 2e-5, "rtol": 1e-4}
@@ -142,7 +142,7 @@ def test_the_gpus_variable_length_pass_gives_the_cpus_states(
     reference implementation of its contract standing in for the kernel, that pass, at the
     planned rows with a padding row, gives the CPU pass's states and pooled vectors. A
     varlen_attn without windows (an older torch) is not used."""
-    from warmgate_server import packed as packed_module
+    from warmgate_server.models import packing as packed_module
 
     root = tmp_path_factory.mktemp("zoo")
     if model == "qwen3":
@@ -153,7 +153,7 @@ def test_the_gpus_variable_length_pass_gives_the_cpus_states(
         lists, seq_len, windows = GEMMA_BATCH, 64, {(4, 4), (-1, -1)}
     padded_keys = PackedDecoder.from_folder(folder, torch.float32)
     assert padded_keys.varlen is None  # on a CPU the padded-keys path is the real one
-    monkeypatch.setattr(packed_module, "_varlen_attention", lambda *_args: reference_varlen)
+    monkeypatch.setattr(packed_module, "varlen_attention", lambda *_args: reference_varlen)
     varlen = PackedDecoder.from_folder(folder, torch.float32)
     assert varlen.varlen is reference_varlen
     rows = len(lists) + 1  # one padding row
@@ -168,7 +168,7 @@ def test_the_gpus_variable_length_pass_gives_the_cpus_states(
     def older(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k):
         raise AssertionError("not called")
 
-    monkeypatch.setattr(packed_module, "_varlen_attention", lambda *_args: older)
+    monkeypatch.setattr(packed_module, "varlen_attention", lambda *_args: older)
     assert PackedDecoder.from_folder(folder, torch.float32).varlen is None
 
 

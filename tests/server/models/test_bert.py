@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from support.server import dense_pooled, padded_batch, pooled
 
-from warmgate_server.packed import PackedBert
+from warmgate_server.models.bert import PackedBert
 from warmgate_testkit import zoo
 
 TEXTS = [
@@ -170,7 +170,7 @@ def test_the_faster_kernel_is_measured_at_load_and_each_pass_takes_its_own(
     transformers' either way."""
     from transformers import AutoModel
 
-    from warmgate_server import linear
+    from warmgate_server.models import linear
 
     auto = PackedBert.from_folder(minilm_dir, torch.float32)  # the real measurement
     report = auto.kernels.as_json()
@@ -252,7 +252,7 @@ def test_mpnet_attends_with_its_relative_position_bias_on_every_pass(
     MPNet never takes the variable-length path where BERT would."""
     from transformers import AutoModel, AutoTokenizer
 
-    from warmgate_server import packed as packed_module
+    from warmgate_server.models import packing as packed_module
 
     folder = zoo.build("mpnet", "current", tmp_path_factory.mktemp("zoo"))
     model = AutoModel.from_pretrained(str(folder)).eval()
@@ -278,7 +278,7 @@ def test_mpnet_attends_with_its_relative_position_bias_on_every_pass(
                 torch.testing.assert_close(dense[row, :length], expected, **CLOSE)
                 assert (wrong[start : start + length] - expected).abs().max() > 0.05
 
-    monkeypatch.setattr(packed_module, "_varlen_attention", lambda *_args: reference_varlen)
+    monkeypatch.setattr(packed_module, "varlen_attention", lambda *_args: reference_varlen)
     assert PackedBert.from_folder(folder, torch.float32).varlen is None
     bert = zoo.build("bert-mean", "current", tmp_path_factory.mktemp("zoo"))
     assert PackedBert.from_folder(bert, torch.float32).varlen is reference_varlen
@@ -337,8 +337,8 @@ def test_onednn_runs_at_a_bounded_set_of_row_counts_that_warmup_makes_in_advance
     above 32 rows), the states are MKL's for every count, and once warmup made the set up to
     128 rows, passes at every count add no more than their activations do."""
     from warmgate_contract.shapes import Shape
-    from warmgate_server import linear
     from warmgate_server.memory import anonymous_bytes
+    from warmgate_server.models import linear
     from warmgate_server.runner import ModelRunner
 
     padded = [linear.onednn_rows(rows) for rows in range(1, 16385)]

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import transformers
 
-from warmgate_server import ort
+from warmgate_server.backends import ort_export as ort
 
 
 def tiny_bert(seed: int = 0) -> object:

@@ -10,14 +10,14 @@ eagerly and counts as cold.
 The graphs of one worker share a memory pool, so replaying one may overwrite another's output:
 `run` copies the output to the host before it returns, and a worker replays one graph at a time.
 
-What is captured is a static forward (`StaticForward`): a padded (rows, seq_len) batch of token
-ids, its 0/1 attention mask and the 0/1 mask of the tokens to pool on the device in, the
-finished float32 vectors out (pooling and the modules after it: head.py), no host
-synchronisation. BERT-family, Qwen3 and EmbeddingGemma models use warmgate's own
-(`PackedBert.dense`, `PackedDecoder.dense`: right-padded, as this module pads); other models
-their transformers forward pass, which some models cannot be captured with: with
-`--cuda-graphs auto` the server then serves eagerly and says why, with `on` it fails its
-warmup with the reason.
+What is captured is the static forward of the backend the graphs wrap (`GraphBackend`;
+base.StaticForward): a padded (rows, seq_len) batch of token ids, its 0/1 attention mask and
+the 0/1 mask of the tokens to pool on the device in, the finished float32 vectors out (pooling
+and the modules after it: head.py), no host synchronisation. BERT-family, Qwen3 and
+EmbeddingGemma models use warmgate's own (`PackedBert.dense`, `PackedDecoder.dense`:
+right-padded, as this module pads); other models their transformers forward pass, which some
+models cannot be captured with: with `--cuda-graphs auto` the server then serves eagerly and
+says why, with `on` it fails its warmup with the reason.
 """
 
 from __future__ import annotations
@@ -34,13 +34,9 @@ import torch
 
 from warmgate_contract.shapes import Shape
 
-from .runner import fill_padded
+from .base import Backend, StaticForward, fill_padded
 
 log = logging.getLogger(__name__)
-
-StaticForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""(ids, attention mask, pooling mask: (rows, seq_len) int64) on the device -> (rows, size)
-float32 finished vectors on the device."""
 
 Capture = Callable[
     [StaticForward, torch.Tensor, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Any]
@@ -211,28 +207,54 @@ def _reserved(device: torch.device) -> int:
     return int(torch.cuda.memory_reserved(device))
 
 
-def graph_forward(loaded: Any, head: Any) -> StaticForward:
-    """The static forward a graph captures for this model: warmgate's own for BERT-family,
-    Qwen3 and EmbeddingGemma models, else the transformers model's forward pass; then `head`
-    (head.py)."""
-    if loaded.packed is not None:
-        packed = loaded.packed
+class GraphBackend:
+    """Another backend with the CUDA graphs of its planned shapes: a pooled pass of a shape
+    with a graph on its worker replays it, every other pass runs the wrapped backend."""
 
-        def packed_forward(
-            ids: torch.Tensor, mask: torch.Tensor, pool_mask: torch.Tensor
-        ) -> torch.Tensor:
-            return head.padded(packed.dense(ids, mask), pool_mask)
+    def __init__(self, inner: Backend, graphs: GraphSet) -> None:
+        self.inner = inner
+        self.graphs = graphs
 
-        return packed_forward
-    model = loaded.model
-    uses_token_types = loaded.uses_token_type_ids
+    @property
+    def name(self) -> str:
+        return self.inner.name
 
-    def model_forward(
-        ids: torch.Tensor, mask: torch.Tensor, pool_mask: torch.Tensor
-    ) -> torch.Tensor:
-        inputs = {"input_ids": ids, "attention_mask": mask}
-        if uses_token_types:
-            inputs["token_type_ids"] = torch.zeros_like(ids)
-        return head.padded(model(**inputs)[0], pool_mask)
+    @property
+    def attention(self) -> str:
+        return self.inner.attention
 
-    return model_forward
+    @property
+    def layer_count(self) -> int | None:
+        return self.inner.layer_count
+
+    def forward(
+        self,
+        batch: Sequence[Sequence[int]],
+        shape: Shape,
+        *,
+        worker: int,
+        pool: bool,
+        threads: int | None,
+        layers: int | None,
+    ) -> Sequence[np.ndarray]:
+        if self.route(shape, worker, pool) == "graph":
+            return self.graphs.run(batch, shape, worker)
+        return self.inner.forward(
+            batch, shape, worker=worker, pool=pool, threads=threads, layers=layers
+        )
+
+    def route(self, shape: Shape, worker: int, pool: bool) -> str:
+        return (
+            "graph"
+            if pool and self.graphs.has(shape, worker)
+            else self.inner.route(shape, worker, pool)
+        )
+
+    def warm_kernels(self, threads: int | None) -> int:
+        return self.inner.warm_kernels(threads)
+
+    def static_forward(self) -> StaticForward | None:
+        return self.inner.static_forward()
+
+    def details(self) -> dict[str, object]:
+        return self.inner.details()

@@ -44,10 +44,10 @@ import numpy as np
 
 from warmgate_contract.report import MEMORY_MARGIN
 
-from .errors import MemoryExceeded, ModelLoadError
+from ..errors import MemoryExceeded, ModelLoadError
 
 if TYPE_CHECKING:
-    from .memory import Probe
+    from ..memory import Probe
 
 log = logging.getLogger(__name__)
 
