@@ -16,8 +16,10 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -162,7 +164,7 @@ class Quickstart:
         request = urllib.request.Request(
             url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
         )
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with _through_the_service(request) as response:
             answer = json.load(response)
             headers = dict(response.headers)
         vectors = [item["embedding"] for item in answer["data"]]
@@ -209,6 +211,23 @@ class Quickstart:
         if not self.cluster.down(log=_say):
             _say("devcluster was not running")
         return 0
+
+
+def _through_the_service(request: urllib.request.Request, seconds: float = 30.0) -> Any:
+    """The Service's answer to `request`. Its node port refuses connections until kube-proxy
+    has written the rules for the endpoints that just turned Ready, which on a busy node comes
+    a moment after the EmbeddingService's Ready (CI saw the first request refused): a refused
+    connection is tried again for `seconds`; anything else is raised at once."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return urllib.request.urlopen(request, timeout=30)
+        except urllib.error.URLError as error:
+            if not isinstance(error.reason, ConnectionRefusedError):
+                raise
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
 
 
 def main(argv: list[str] | None = None) -> int:
