@@ -4,7 +4,7 @@ compiling the warmed shapes could give, and against ONNX Runtime on the optimum 
 Per model, torch thread count and (rows x seq_len) shape, the same batch through:
 
 - `packed`: `PackedBert.encode`, the padding-free pass warmgate serves (oneDNN linear layers
-  on reordered weights, unless WARMGATE_ONEDNN=0);
+  on reordered weights, unless --linear mkl);
 - `dense`: `PackedBert.dense`, its padded static form, eager (same instance);
 - `dense-mkl`: the same, eager, on the plain instance the compiled candidates start from
   (F.linear, that is MKL), so that compiling and the matmul library are told apart;
@@ -167,15 +167,9 @@ def with_parameters(folder: Path, onednn: bool = False) -> PackedBert:
     """PackedBert with every weight an nn.Parameter, so that inductor's freezing folds them as
     constants; F.linear (inductor chooses the kernels), or with `onednn` warmgate's oneDNN
     linear layers on reordered weights (inductor lowers those only for constant weights)."""
-    saved = os.environ.get("WARMGATE_ONEDNN")
-    os.environ["WARMGATE_ONEDNN"] = "1" if onednn else "0"
-    try:
-        model = PackedBert.from_folder(folder, torch.float32)
-    finally:
-        if saved is None:
-            os.environ.pop("WARMGATE_ONEDNN")
-        else:
-            os.environ["WARMGATE_ONEDNN"] = saved
+    model = PackedBert.from_folder(
+        folder, torch.float32, linear_kernel="onednn" if onednn else "mkl"
+    )
 
     def parameter(tensor: torch.Tensor) -> torch.nn.Parameter:
         return torch.nn.Parameter(tensor.contiguous(), requires_grad=False)

@@ -27,6 +27,8 @@ CUDA_GRAPHS = ("auto", "on", "off")
 BACKENDS = ("torch", "onnxruntime")
 TOKEN_ID_KINDS = ("model", "cl100k_base")
 MEMORY_POLICIES = ("refuse", "fit")
+LINEAR_KERNELS = ("auto", "onednn", "mkl", "aten")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def parse_bool(text: str) -> bool:
@@ -256,6 +258,85 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("--model-workers", "model_workers", int, None, "forward passes at once, one thread each"),
     Flag("--torch-threads", "torch_threads", int, None, "CPU threads for torch per model worker"),
+    # The server's own settings below: the operator writes none of them (the environment of a
+    # pod, a developer's or a benchmark's run sets them).
+    Flag(
+        "--linear",
+        "linear",
+        str,
+        "auto",
+        "the packed pass's linear layers on a CPU: auto (oneDNN or MKL, measured at load), "
+        "onednn, mkl, or aten (torch's own F.linear)",
+    ),
+    Flag("--log-level", "log_level", str, "INFO", "DEBUG, INFO, WARNING or ERROR (any case)"),
+    Flag(
+        "--termination-log",
+        "termination_log",
+        str,
+        "/dev/termination-log",
+        "where a failed start writes its reason (Kubernetes shows it as the container's "
+        "termination message); nothing is written where the file does not exist",
+    ),
+    Flag(
+        "--runtime-memory",
+        "runtime_memory",
+        str,
+        "/opt/warmgate/runtime-memory.json",
+        "what importing the image's torch and server takes, measured when the image was built "
+        "(python -m warmgate_server.preflight FILE): read before loading, so that a memory "
+        "limit below what loading needs is said at once",
+    ),
+    Flag(
+        "--fault-injection",
+        "fault_injection",
+        parse_bool,
+        False,
+        "serve POST /debug/faults, which makes the next forward passes fail or hang (tests "
+        "and chaos drills only)",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Variable:
+    """An environment variable the server reads that is not a flag's twin: one whose name
+    Kubernetes or another library gives it."""
+
+    name: str
+    dest: str | None
+    """The configuration's field it fills; None where a library reads it itself."""
+    help: str
+
+
+ENVIRONMENT: tuple[Variable, ...] = (
+    Variable(
+        "POD_NAME",
+        "pod_name",
+        "the pod's name (the downward API's metadata.name, which the operator writes): the "
+        "X-Warmgate-Pod header and /ready's pod; without it, the host name",
+    ),
+    Variable(
+        "WARMGATE_ONEDNN",
+        "linear",
+        "the older spelling of --linear mkl: 0 runs the linear layers with MKL (where "
+        "--linear and WARMGATE_LINEAR are not given)",
+    ),
+    Variable(
+        "HF_HOME",
+        None,
+        "the Hugging Face cache a hub id is read from, as huggingface_hub reads it (named in "
+        "the server's messages)",
+    ),
+    Variable(
+        "HF_ENDPOINT",
+        None,
+        "the hub a missing model is downloaded from, as huggingface_hub reads it",
+    ),
+    Variable(
+        "HF_HUB_OFFLINE",
+        None,
+        "1: nothing is downloaded, a model missing from the cache fails the start",
+    ),
 )
 BY_NAME: Mapping[str, Flag] = {flag.name: flag for flag in FLAGS}
 BY_DEST: Mapping[str, Flag] = {flag.dest: flag for flag in FLAGS}

@@ -38,10 +38,9 @@ def _loopback_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _write_termination_message(message: str) -> None:
+def _write_termination_message(path: str, message: str) -> None:
     """Kubernetes shows this file's text as the container's termination message (kubectl
     describe, and the pod status the operator reads), so the reason outlives the process."""
-    path = os.environ.get("WARMGATE_TERMINATION_LOG", "/dev/termination-log")
     if os.path.exists(path):
         try:
             with open(path, "w", encoding="utf-8") as handle:
@@ -77,7 +76,7 @@ async def serve(config: ServerConfig) -> int:
     code = 0
     if lifecycle.failed_event.is_set():
         log.error("exiting: %s", lifecycle.error)
-        _write_termination_message(str(lifecycle.error))
+        _write_termination_message(config.termination_log, str(lifecycle.error))
         code = 1
     else:
         started = time.monotonic()
@@ -91,16 +90,16 @@ async def serve(config: ServerConfig) -> int:
 
 
 def run(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=os.environ.get("WARMGATE_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
     try:
         config = parse_config(argv)
     except ConfigError as exc:
         print(f"warmgate-server: error: {exc}", file=sys.stderr)
         return 2
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     try:
         return asyncio.run(serve(config))
     except OSError as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -66,11 +65,11 @@ def create_app(
         lifecycle=lifecycle,
         metrics=metrics,
         plan=plan.shapes,
-        pod_name=os.environ.get("POD_NAME") or socket.gethostname(),
+        pod_name=config.pod_name or socket.gethostname(),
     )
-    if faults.enabled():
+    if config.fault_injection:
         runtime.faults = faults.FaultInjector()
-        log.warning("%s is set: POST /debug/faults can make the model fail", faults.ENV)
+        log.warning("--fault-injection is on: POST /debug/faults can make the model fail")
     app = web.Application(
         client_max_size=config.payload_limit,
         middlewares=[

@@ -21,7 +21,10 @@ from warmgate_contract.flags import (
     DEFAULTS,
     DEVICES,
     DTYPES,
+    ENVIRONMENT,
     FLAGS,
+    LINEAR_KERNELS,
+    LOG_LEVELS,
     MEMORY_POLICIES,
     PACKINGS,
     POOLINGS,
@@ -146,6 +149,18 @@ class ServerConfig:
     torch_threads: int | None = DEFAULTS["torch_threads"]
     """CPU threads for torch per model worker (None: the usable CPUs divided among the workers;
     usable means this process's CPU affinity capped by its cgroup CPU limit)."""
+    linear: str = DEFAULTS["linear"]
+    """The packed pass's linear kernels on a CPU (models/linear.py): auto measures oneDNN
+    against MKL at load; onednn, mkl or aten are one of them always."""
+    log_level: str = DEFAULTS["log_level"]
+    termination_log: str = DEFAULTS["termination_log"]
+    """Where a failed start writes its reason: Kubernetes' termination message file."""
+    runtime_memory: str = DEFAULTS["runtime_memory"]
+    """The image's measured runtime memory (preflight.py), read before loading."""
+    fault_injection: bool = DEFAULTS["fault_injection"]
+    """POST /debug/faults (faults.py): tests and chaos drills only."""
+    pod_name: str | None = None
+    """POD_NAME (the downward API's): who served a request; None: the host name."""
 
     @property
     def largest_bucket(self) -> int:
@@ -199,6 +214,7 @@ def parse_config(
             values[flag.dest] = flag.parse(raw)
         except ValueError as exc:
             raise ConfigError(f"{source}={raw!r} is not valid: {exc}") from None
+    values.update(_from_environment(environ, values))
     if not values.get("model"):
         raise ConfigError("no model given: pass --model FOLDER_OR_ID or set WARMGATE_MODEL")
     profile = values.get("warmup_profile")
@@ -207,6 +223,24 @@ def parse_config(
     config = ServerConfig(**values)  # type: ignore[arg-type]
     validate(config)
     return config
+
+
+def _from_environment(
+    environ: Mapping[str, str], values: Mapping[str, object]
+) -> dict[str, object]:
+    """The fields filled by the variables that are not a flag's twin (the contract's
+    ENVIRONMENT), where neither a flag nor its twin gave them."""
+    found: dict[str, object] = {}
+    for variable in ENVIRONMENT:
+        raw = environ.get(variable.name)
+        if variable.dest is None or raw is None or variable.dest in values:
+            continue
+        if variable.name == "WARMGATE_ONEDNN":
+            if raw.strip() == "0":
+                found["linear"] = "mkl"
+        elif raw:
+            found[variable.dest] = raw
+    return found
 
 
 def _ascending(values: tuple[int, ...]) -> bool:
@@ -227,6 +261,10 @@ def validate(config: ServerConfig) -> None:
         problems.append(
             f"--memory-policy {config.memory_policy!r}: use one of {', '.join(MEMORY_POLICIES)}"
         )
+    if config.linear not in LINEAR_KERNELS:
+        problems.append(f"--linear {config.linear!r}: use one of {', '.join(LINEAR_KERNELS)}")
+    if config.log_level.upper() not in LOG_LEVELS:
+        problems.append(f"--log-level {config.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
     if config.packing not in PACKINGS:
         problems.append(f"--packing {config.packing!r}: use one of {', '.join(PACKINGS)}")
     if config.backend not in BACKENDS:

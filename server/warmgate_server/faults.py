@@ -4,32 +4,26 @@ A fault is a forward pass that raised (a CUDA error, an out-of-memory) or ran pa
 `--forward-timeout`. The scheduler reports each to the lifecycle, which turns `/ready` 503 after
 `--fault-threshold` in a row and `/healthz` 503 once that lasts `--fault-restart-seconds`.
 
-`FaultInjector` wraps the model's forward pass: with `WARMGATE_FAULT_INJECTION=1` in the
-environment the server serves `POST /debug/faults`, which makes every following forward pass
+`FaultInjector` wraps the model's forward pass: with `--fault-injection` (or its twin
+`WARMGATE_FAULT_INJECTION=1`, which an EmbeddingService's env may set) the server serves
+`POST /debug/faults`, which makes every following forward pass
 raise, run out of GPU memory (`torch.cuda.OutOfMemoryError`, which a CPU never raises), or
-sleep, until it is switched off. Without that variable there is no such route and the injector
+sleep, until it is switched off. Without it there is no such route and the injector
 does nothing. Tests and chaos drills use it; nothing else should.
 """
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from warmgate_contract.shapes import Shape
 
-ENV = "WARMGATE_FAULT_INJECTION"
 MODES = ("off", "raise", "oom", "hang")
 
 
 class InjectedFault(RuntimeError):
     """What an injected `raise` fault raises in the model thread."""
-
-
-def enabled(environ: Mapping[str, str] | None = None) -> bool:
-    return (environ if environ is not None else os.environ).get(ENV, "") in ("1", "true", "yes")
 
 
 @dataclass

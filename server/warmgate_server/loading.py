@@ -278,7 +278,7 @@ def _load_packed(
     from .models.packing import CheckpointMismatch
 
     try:
-        return packed_pass(path, dtype, device, model_type), ""
+        return packed_pass(path, dtype, device, model_type, config.linear), ""
     except CheckpointMismatch as exc:
         raise ModelLoadError(
             f"--model {config.model}: {exc} (the padding-free pass of {model_type}); "

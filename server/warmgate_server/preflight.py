@@ -9,17 +9,19 @@ otherwise be an OOM kill in a loop.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
+
+from warmgate_contract.flags import DEFAULTS
 
 from .errors import MemoryExceeded
 from .memory import Limit
 
-RUNTIME_FILE = Path(os.environ.get("WARMGATE_RUNTIME_MEMORY", "/opt/warmgate/runtime-memory.json"))
+RUNTIME_FILE = Path(DEFAULTS["runtime_memory"])
 """Written when the image is built (server/Dockerfile): what importing this image's torch and
-the server takes, measured there; read at start, before loading, so that a limit below what
-loading needs is told at once instead of being an OOM kill in a loop."""
+the server takes, measured there; read at start (--runtime-memory names it), before loading,
+so that a limit below what loading needs is told at once instead of being an OOM kill in a
+loop."""
 
 
 def _status(key: str, path: Path = Path("/proc/self/status")) -> int:

@@ -8,6 +8,7 @@ import asyncio
 import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import aiohttp
 
@@ -83,7 +84,9 @@ async def _load(runtime: Runtime) -> LoadedModel:
     source = await loop.run_in_executor(runtime.model_threads[0], _locate, config, lifecycle, loop)
     if lifecycle.phase == DOWNLOADING:
         lifecycle.enter(LOADING)
-    check_loading_fits(ProcessProbe().limit(), weights_bytes(source.folder))
+    check_loading_fits(
+        ProcessProbe().limit(), weights_bytes(source.folder), Path(config.runtime_memory)
+    )
     return await loop.run_in_executor(runtime.model_threads[0], load_model, config, source)
 
 

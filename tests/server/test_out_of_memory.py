@@ -16,7 +16,6 @@ from support.server import QUICK_SETTLE, make_config
 
 from warmgate_contract.names import REASON_MEMORY_EXCEEDED
 from warmgate_contract.shapes import Shape
-from warmgate_server import faults
 from warmgate_server.app import create_app
 from warmgate_server.context import RUNTIME
 from warmgate_testkit.process import wait_for_phase
@@ -37,8 +36,7 @@ async def start_out_of_memory_at(
 ) -> tuple[TestClient, dict]:
     """The app, its injector armed to run out of GPU memory at OUT_OF_MEMORY_AT from the first
     pass on; its /ready report once the start has ended."""
-    monkeypatch.setenv(faults.ENV, "1")
-    config = make_config(minilm_dir, *args)
+    config = make_config(minilm_dir, "--fault-injection", *args)
     app: web.Application = create_app(config, preloaded=loaded_minilm, settle_rule=QUICK_SETTLE)
     injector = app[RUNTIME].faults
     assert injector is not None
@@ -110,8 +108,11 @@ async def test_out_of_memory_while_serving_fails_that_request_and_the_next_is_se
     """Once ready, a pass that runs out of GPU memory fails its requests with the model fault
     answer (503, the cause in the message) in both APIs and counts as a fault; the passes after
     it are served, and the server stays ready."""
-    monkeypatch.setenv(faults.ENV, "1")
-    app = create_app(make_config(minilm_dir), preloaded=loaded_minilm, settle_rule=QUICK_SETTLE)
+    app = create_app(
+        make_config(minilm_dir, "--fault-injection"),
+        preloaded=loaded_minilm,
+        settle_rule=QUICK_SETTLE,
+    )
     client = await aiohttp_client(app)
     assert (await wait_for_phase(client, {"ready", "failed"}))["phase"] == "ready"
     armed = await client.post("/debug/faults", json={"mode": "oom", "count": 2})

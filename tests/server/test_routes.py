@@ -124,19 +124,20 @@ async def queued_inputs(client) -> float:
 
 
 @pytest.mark.parametrize("path", ["/v1/embeddings", "/embed_all"])
-async def test_a_full_queue_answers_429_at_once_and_loses_nothing(
-    start_server, monkeypatch, path: str
-) -> None:
+async def test_a_full_queue_answers_429_at_once_and_loses_nothing(start_server, path: str) -> None:
     """The batcher's own bound (inputs queued), apart from --max-concurrent-requests: requests
     of many inputs can fill the queue before the in-flight limit is reached. The forward passes
-    are held for real (WARMGATE_FAULT_INJECTION's hang) so the queue stays full while the third
+    are held for real (--fault-injection's hang) so the queue stays full while the third
     request arrives; it gets a 429 with a JSON error at once, and the queued ones are served.
     /embed_all's requests share that queue and its bound like every other."""
-    from warmgate_server import faults
-
-    monkeypatch.setenv(faults.ENV, "1")
     client = await start_server(
-        "--max-concurrent-requests", "8", "--max-batch-size", "4", "--max-client-batch-size", "16"
+        "--fault-injection",
+        "--max-concurrent-requests",
+        "8",
+        "--max-batch-size",
+        "4",
+        "--max-client-batch-size",
+        "16",
     )  # the queue holds max(8 x 4, 2 x 16) = 32 inputs
     openai = path == "/v1/embeddings"
     inputs = [f"sentence number {n} of a request" for n in range(16)]

@@ -45,7 +45,11 @@ class PackedEncoder(Protocol):
 
 
 def packed_pass(
-    path: Path, dtype: torch.dtype, device: torch.device | str, model_type: str | None
+    path: Path,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    model_type: str | None,
+    linear_kernel: str = "auto",
 ) -> PackedEncoder:
     """warmgate's padding-free pass for the model in `path` whose config.json names
     `model_type`: PackedBert for the BERT family, PackedDecoder for Qwen3 and EmbeddingGemma.
@@ -63,4 +67,4 @@ def packed_pass(
             f"cannot run this model packed: model type {model_type!r} is not one of "
             f"{', '.join(map(str, families))}"
         )
-    return encoder.from_folder(path, dtype, device)
+    return encoder.from_folder(path, dtype, device, linear_kernel)

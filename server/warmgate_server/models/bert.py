@@ -188,7 +188,13 @@ def supports_config(config: Mapping[str, Any]) -> str | None:
 class PackedBert:
     """A BERT encoder's weights and its padding-free forward pass (call it in inference mode)."""
 
-    def __init__(self, state: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        state: Mapping[str, torch.Tensor],
+        config: Mapping[str, Any],
+        linear_kernel: str = "auto",
+    ) -> None:
+        """`linear_kernel`: the server's --linear (linear.choose)."""
         why_not = supports_config(config)
         if why_not is not None:
             raise ValueError(f"cannot run this model packed: {why_not}")
@@ -250,7 +256,9 @@ class PackedBert:
         self.embedding_norm = _norm(state, "embeddings.LayerNorm")
         plain = [_layer(state, f"encoder.layer.{index}.") for index in range(layers)]
         activation, post_op = _ACTIVATIONS[config.get("hidden_act", "gelu")]
-        self.kernels = linear.choose(plain, self.device, self.dtype, activation, post_op)
+        self.kernels = linear.choose(
+            plain, self.device, self.dtype, activation, post_op, linear_kernel
+        )
         """The linear layers' kernel for a pass of a given token count (linear.py); the plain
         weights are freed unless a kernel keeps them."""
         self.onednn = "onednn" in self.kernels.names
@@ -263,11 +271,15 @@ class PackedBert:
 
     @classmethod
     def from_folder(
-        cls, folder: Path, dtype: torch.dtype, device: torch.device | str = "cpu"
+        cls,
+        folder: Path,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        linear_kernel: str = "auto",
     ) -> PackedBert:
         """From `config.json` and the checkpoint (checkpoint.py: safetensors or
         pytorch_model.bin, sharded or not), onto `device`; ValueError says why it cannot."""
-        return cls(*read_folder(folder, supports_config, dtype, device))
+        return cls(*read_folder(folder, supports_config, dtype, device), linear_kernel)
 
     def encode(
         self, batch: Sequence[Sequence[int]], seq_len: int, rows: int, layers: int | None = None

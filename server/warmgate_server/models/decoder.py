@@ -269,7 +269,13 @@ class PackedDecoder:
     inference mode). The same interface as bert.PackedBert: from_folder, encode, dense,
     hidden, max_positions, varlen, kernels."""
 
-    def __init__(self, state: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        state: Mapping[str, torch.Tensor],
+        config: Mapping[str, Any],
+        linear_kernel: str = "auto",
+    ) -> None:
+        """`linear_kernel`: the server's --linear (linear.choose)."""
         why_not = supports_config(config)
         if why_not is not None:
             raise ValueError(f"cannot run this model packed: {why_not}")
@@ -364,16 +370,22 @@ class PackedDecoder:
         assert not isinstance(thetas, str)
         self.rope = {kind: self._rope(thetas[kind]) for kind in set(self.kinds)}
         """Each layer type's (cos, sin) of every position."""
-        self.kernels = linear.choose(plain, self.device, self.dtype, lambda x: x, ("none", ""))
+        self.kernels = linear.choose(
+            plain, self.device, self.dtype, lambda x: x, ("none", ""), linear_kernel
+        )
         """The linear layers' kernel for a pass of a given token count (models/linear.py)."""
 
     @classmethod
     def from_folder(
-        cls, folder: Path, dtype: torch.dtype, device: torch.device | str = "cpu"
+        cls,
+        folder: Path,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        linear_kernel: str = "auto",
     ) -> PackedDecoder:
         """From `config.json` and the checkpoint, onto `device`; ValueError says why it
         cannot."""
-        return cls(*read_folder(folder, supports_config, dtype, device))
+        return cls(*read_folder(folder, supports_config, dtype, device), linear_kernel)
 
     def encode(
         self, batch: Sequence[Sequence[int]], seq_len: int, rows: int, layers: int | None = None

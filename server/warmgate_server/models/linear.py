@@ -10,8 +10,8 @@ thread count, interleaved, medians. Each row count takes the faster kernel (oneD
 at least TIE faster: the choice should not flap with noise). When they differ and the linear
 weights are at most BOTH_LIMIT bytes, both are kept (a second copy of those weights) and a pass
 takes oneDNN below SWITCH_ROWS tokens and MKL from there; above the limit the large row count's
-kernel serves every pass (throughput decides capacity). `WARMGATE_LINEAR=onednn|mkl` fixes the
-kernel (`WARMGATE_ONEDNN=0`: mkl).
+kernel serves every pass (throughput decides capacity). The server's `--linear onednn|mkl|aten`
+(`WARMGATE_LINEAR`; the older `WARMGATE_ONEDNN=0`: mkl) fixes the kernel.
 
 bfloat16 on a CPU is chosen the same way, between oneDNN on reordered weights and torch's own
 `F.linear` (named `aten`: it is not MKL in bfloat16), where oneDNN has bfloat16 kernels for
@@ -23,7 +23,6 @@ run `F.linear` (cuBLAS).
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -254,20 +253,20 @@ def choose(
     dtype: torch.dtype,
     activation: Callable[[torch.Tensor], torch.Tensor],
     post_op: tuple[str, str],
+    wanted: str = "auto",
 ) -> Kernels:
     """The kernels of the packed pass (see the module's docstring). `layers` hold the plain
-    weights; what is not kept of them is freed when the caller lets them go."""
+    weights; what is not kept of them is freed when the caller lets them go. `wanted` is the
+    server's --linear: auto measures; onednn, mkl or aten is that kernel always (where the
+    device and dtype have it)."""
     plain = mkl_kernel(layers, activation)
     if device.type != "cpu" or not _onednn_available(dtype):
         return Kernels(plain, plain, SWITCH_ROWS, f"{device.type}, {str(dtype)[6:]}: F.linear")
-    wanted = os.environ.get("WARMGATE_LINEAR", "auto")
-    if os.environ.get("WARMGATE_ONEDNN") == "0":
-        wanted = "mkl"
     if wanted in ("mkl", "aten"):
-        return Kernels(plain, plain, SWITCH_ROWS, f"WARMGATE_LINEAR={wanted}")
+        return Kernels(plain, plain, SWITCH_ROWS, f"--linear {wanted}")
     onednn = onednn_kernel(layers, post_op)
     if wanted == "onednn":
-        return Kernels(onednn, onednn, SWITCH_ROWS, f"WARMGATE_LINEAR={wanted}")
+        return Kernels(onednn, onednn, SWITCH_ROWS, f"--linear {wanted}")
     measured = measure([onednn, plain], (SMALL_ROWS, LARGE_ROWS), layers[0])
 
     def faster(rows: int) -> Kernel:

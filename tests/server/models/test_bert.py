@@ -59,18 +59,14 @@ def test_variable_length_attention_gives_the_padded_passs_vectors(
     assert cosine.min() >= 0.99999
 
 
-def test_onednn_linear_layers_give_mkls_states(minilm_dir, loaded_minilm, monkeypatch) -> None:
+def test_onednn_linear_layers_give_mkls_states(minilm_dir, loaded_minilm) -> None:
     """On a CPU in fp32 the linear layers run through oneDNN on reordered weights, the GELU
-    fused (WARMGATE_LINEAR=onednn), or torch's plain linear (MKL: WARMGATE_LINEAR=mkl, or the
-    older WARMGATE_ONEDNN=0). Both give the same states, in the padding-free pass and the
+    fused (--linear onednn), or torch's plain linear (MKL: --linear mkl, or the older
+    WARMGATE_ONEDNN=0). Both give the same states, in the padding-free pass and the
     static (padded) one."""
-    monkeypatch.setenv("WARMGATE_LINEAR", "onednn")
-    onednn = PackedBert.from_folder(minilm_dir, torch.float32)
-    monkeypatch.setenv("WARMGATE_LINEAR", "mkl")
-    plain = PackedBert.from_folder(minilm_dir, torch.float32)
-    monkeypatch.setenv("WARMGATE_LINEAR", "auto")
-    monkeypatch.setenv("WARMGATE_ONEDNN", "0")
-    assert PackedBert.from_folder(minilm_dir, torch.float32).kernels.names == ("mkl",)
+    onednn = PackedBert.from_folder(minilm_dir, torch.float32, linear_kernel="onednn")
+    plain = PackedBert.from_folder(minilm_dir, torch.float32, linear_kernel="mkl")
+    # The server's older spelling, WARMGATE_ONEDNN=0, is --linear mkl (test_config.py).
     assert onednn.onednn and not plain.onednn
     assert onednn.kernels.names == ("onednn",) and plain.kernels.names == ("mkl",)
     token_lists = loaded_minilm.tokenizer(TEXTS)["input_ids"]
@@ -88,20 +84,19 @@ def test_onednn_linear_layers_give_mkls_states(minilm_dir, loaded_minilm, monkey
 
 
 def test_bfloat16_on_a_cpu_runs_onednn_too_and_gives_torchs_states(
-    minilm_dir, loaded_minilm, monkeypatch
+    minilm_dir, loaded_minilm
 ) -> None:
     """bfloat16 on a CPU is measured at load as fp32 is, oneDNN on reordered weights against
     torch's own F.linear (`aten`: not MKL in bfloat16); both give the same states to bfloat16's
     rounding, and fp32's to its precision. A CPU where oneDNN has no bfloat16 kernels (no
-    AVX512_BF16 or AMX) runs F.linear alone and says so, whatever WARMGATE_LINEAR asks."""
+    AVX512_BF16 or AMX) runs F.linear alone and says so, whatever --linear asks."""
     tokenizer = loaded_minilm.tokenizer
     token_lists = tokenizer(TEXTS)["input_ids"]
     auto = PackedBert.from_folder(minilm_dir, torch.bfloat16)
     report = auto.kernels.as_json()
     exact = PackedBert.from_folder(minilm_dir, torch.float32)
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        monkeypatch.setenv("WARMGATE_LINEAR", "onednn")
-        asked = PackedBert.from_folder(minilm_dir, torch.bfloat16)
+        asked = PackedBert.from_folder(minilm_dir, torch.bfloat16, linear_kernel="onednn")
         for model in (auto, asked):
             assert model.kernels.as_json() == {
                 "kernels": ["aten"],
@@ -113,10 +108,8 @@ def test_bfloat16_on_a_cpu_runs_onednn_too_and_gives_torchs_states(
         assert F.cosine_similarity(got, want).min() >= 0.999
         return
     assert report["chosen_by"] == "measured" and set(report["measured_ms"]) == {"onednn", "aten"}
-    monkeypatch.setenv("WARMGATE_LINEAR", "onednn")
-    onednn = PackedBert.from_folder(minilm_dir, torch.bfloat16)
-    monkeypatch.setenv("WARMGATE_LINEAR", "aten")
-    plain = PackedBert.from_folder(minilm_dir, torch.bfloat16)
+    onednn = PackedBert.from_folder(minilm_dir, torch.bfloat16, linear_kernel="onednn")
+    plain = PackedBert.from_folder(minilm_dir, torch.bfloat16, linear_kernel="aten")
     assert onednn.kernels.names == ("onednn",) and plain.kernels.names == ("aten",)
     with torch.inference_mode():
         want = pooled(exact, token_lists, 32, 4, "mean")
@@ -328,7 +321,7 @@ def test_a_padding_token_written_in_the_text_takes_transformers_positions(
 
 
 def test_onednn_runs_at_a_bounded_set_of_row_counts_that_warmup_makes_in_advance(
-    minilm_dir, loaded_minilm, monkeypatch
+    minilm_dir, loaded_minilm
 ) -> None:
     """oneDNN makes and keeps a primitive per row count, and a batch's row count is its real
     tokens: without a bound, a server's memory grew by 2.7 MiB at every new count (344 MiB
@@ -348,10 +341,8 @@ def test_onednn_runs_at_a_bounded_set_of_row_counts_that_warmup_makes_in_advance
     assert len(set(padded[:128])) == 20 and len(set(padded)) <= 20 + 8 * 7
     assert [linear.onednn_rows(r) for r in (129, 1000, 16384)] == [144, 1024, 16384]
 
-    monkeypatch.setenv("WARMGATE_LINEAR", "onednn")
-    onednn = PackedBert.from_folder(minilm_dir, torch.float32)
-    monkeypatch.setenv("WARMGATE_LINEAR", "mkl")
-    plain = PackedBert.from_folder(minilm_dir, torch.float32)
+    onednn = PackedBert.from_folder(minilm_dir, torch.float32, linear_kernel="onednn")
+    plain = PackedBert.from_folder(minilm_dir, torch.float32, linear_kernel="mkl")
     assert linear.warm(plain.kernels) == 0  # MKL makes nothing ahead
     split = linear.Kernels(onednn.kernels.small, plain.kernels.large, 64, "test")
     assert linear.warm(split) == 12  # 4, 8, ..., 32, 40, ..., 64: the counts below 64
