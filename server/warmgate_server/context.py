@@ -15,7 +15,7 @@ from warmgate_contract.shapes import Shape
 from .config import ServerConfig
 from .draining import ConnectionActivity
 from .engine import Engine
-from .errors import ApiError
+from .errors import Refused
 from .faults import FaultInjector
 from .lifecycle import Lifecycle
 from .metrics import Metrics
@@ -69,7 +69,7 @@ class Runtime:
             self.metrics.rejected.labels(reason="not_ready").inc()
             detail = f": {lifecycle.error}" if lifecycle.error else ""
             progress = f" ({len(lifecycle.warmed)}/{len(lifecycle.planned)} shapes warm)"
-            raise ApiError(
+            raise Refused(
                 503,
                 f"the model is not ready to serve (phase {lifecycle.phase}{progress}{detail}); "
                 "retry when GET /ready answers 200",
@@ -78,7 +78,7 @@ class Runtime:
             )
         if self.in_flight >= self.config.max_concurrent_requests:
             self.metrics.rejected.labels(reason="overloaded").inc()
-            raise ApiError(
+            raise Refused(
                 429,
                 f"overloaded: {self.in_flight} requests in flight, the limit is "
                 f"{self.config.max_concurrent_requests}; retry later",

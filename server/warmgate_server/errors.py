@@ -70,7 +70,10 @@ _OPENAI_TYPES = {
 
 
 @dataclass
-class ApiError(Exception):
+class Refused(Exception):
+    """A request the server answers with an error itself, in either API's format (the router's
+    refusals.Refused is the same idea; warmgate_kube's ApiError is a Kubernetes API failure)."""
+
     status: int
     message: str
     error_type: str
@@ -102,9 +105,9 @@ class ApiError(Exception):
         }
 
 
-def validation(message: str, code: str, param: str | None = None) -> ApiError:
-    return ApiError(422, message, "validation", code, param)
+def validation(message: str, code: str, param: str | None = None) -> Refused:
+    return Refused(422, message, "validation", code, param)
 
 
-def empty(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, "empty", "empty_input", param)
+def empty(message: str, param: str | None = None) -> Refused:
+    return Refused(400, message, "empty", "empty_input", param)

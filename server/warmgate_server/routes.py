@@ -24,7 +24,7 @@ from . import __version__
 from .context import RUNTIME, Runtime
 from .draining import CLOSE_AFTER, close_connections
 from .engine import Engine, Result
-from .errors import ApiError, InputTooLong, InvalidTokenIds, ModelFault, QueueFull, validation
+from .errors import InputTooLong, InvalidTokenIds, ModelFault, QueueFull, Refused, validation
 from .metrics import CONTENT_TYPE
 from .schemas import (
     EmbedRequest,
@@ -177,7 +177,7 @@ async def role(request: web.Request) -> web.Response:
     if request.method == "POST":
         try:
             body = await _read_json(request, 4096)
-        except ApiError as error:
+        except Refused as error:
             return web.json_response({"error": error.message}, status=error.status)
         wanted = body.get("role") if isinstance(body, dict) else None
         if wanted not in (ROLE_SERVING, ROLE_STANDBY):
@@ -206,7 +206,7 @@ async def _close_while_standby(runtime: Runtime) -> None:
 
 
 async def _read_json(request: web.Request, limit: int) -> object:
-    too_large = ApiError(
+    too_large = Refused(
         413,
         f"the request body is over the limit of {limit} bytes: send fewer or shorter texts",
         "validation",
@@ -223,7 +223,7 @@ async def _read_json(request: web.Request, limit: int) -> object:
     except TimeoutError:
         # The rest of the body is still on its way: this connection cannot carry another.
         request[CLOSE_AFTER] = True
-        raise ApiError(
+        raise Refused(
             408,
             f"the request body did not arrive within {seconds:g}s (--body-timeout)",
             "validation",
@@ -233,10 +233,10 @@ async def _read_json(request: web.Request, limit: int) -> object:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         message = f"the body is not valid JSON: {exc}"
-        raise ApiError(400, message, "validation", "invalid_json") from None
+        raise Refused(400, message, "validation", "invalid_json") from None
     except RecursionError:
         message = "the body nests JSON too deeply to read: send a flat object"
-        raise ApiError(400, message, "validation", "invalid_json") from None
+        raise Refused(400, message, "validation", "invalid_json") from None
 
 
 @dataclass(frozen=True)
@@ -244,26 +244,26 @@ class Api:
     """How an API answers: its error bodies and statuses, and what it tells a client whose
     input is too long."""
 
-    error_body: Callable[[ApiError], dict[str, object]]
-    status_of: Callable[[ApiError], int]
+    error_body: Callable[[Refused], dict[str, object]]
+    status_of: Callable[[Refused], int]
     too_long_hint: str
 
-    def error(self, err: ApiError, headers: dict[str, str]) -> web.Response:
+    def error(self, err: Refused, headers: dict[str, str]) -> web.Response:
         return web.json_response(self.error_body(err), status=self.status_of(err), headers=headers)
 
 
-OPENAI = Api(ApiError.openai_body, lambda err: err.openai_status, "")
-TEI = Api(ApiError.tei_body, lambda err: err.status, " or send truncate=true")
+OPENAI = Api(Refused.openai_body, lambda err: err.openai_status, "")
+TEI = Api(Refused.tei_body, lambda err: err.status, " or send truncate=true")
 TEI_SIMILARITY = replace(TEI, too_long_hint=" or send parameters.truncate=true")
 
 Parse = Callable[[object, Limits], EmbedRequest]
 Render = Callable[[Runtime, EmbedRequest, Result], object]
 
 
-def _failed_batch(fault: ModelFault) -> ApiError:
+def _failed_batch(fault: ModelFault) -> Refused:
     if fault.hung:
-        return ApiError(504, f"the model did not answer: {fault}", "backend", "model_timeout")
-    return ApiError(
+        return Refused(504, f"the model did not answer: {fault}", "backend", "model_timeout")
+    return Refused(
         503, f"the model failed on this request ({fault}); retry", "backend", "model_fault"
     )
 
@@ -278,7 +278,7 @@ async def _answer(
         async with asyncio.timeout(timeout):
             return await engine.embed(parsed, record=not warmup)
     except TimeoutError:
-        raise ApiError(
+        raise Refused(
             504,
             f"no answer within {timeout:g}s (--request-timeout): the server is overloaded "
             "or its model is stuck; retry",
@@ -297,7 +297,7 @@ async def _answer(
         ) from None
     except QueueFull:
         message = "overloaded: the queue is full; retry later"
-        raise ApiError(429, message, "overloaded", "overloaded") from None
+        raise Refused(429, message, "overloaded", "overloaded") from None
 
 
 async def _embed(request: web.Request, api: Api, parse: Parse, render: Render) -> web.Response:
@@ -311,7 +311,7 @@ async def _embed(request: web.Request, api: Api, parse: Parse, render: Render) -
     warmup = runtime.is_warmup(request)
     try:
         engine = runtime.admit(warmup)
-    except ApiError as err:
+    except Refused as err:
         return api.error(err, headers)
     try:
         body = await _read_json(request, runtime.config.payload_limit)
@@ -328,11 +328,11 @@ async def _embed(request: web.Request, api: Api, parse: Parse, render: Render) -
         # and where it went.
         headers["Server-Timing"] = result.timing.server_timing(seconds)
         return web.Response(body=encoded, content_type="application/json", headers=headers)
-    except ApiError as err:
+    except Refused as err:
         return api.error(err, headers)
     except Exception as exc:
         log.exception("embedding request failed")
-        err = ApiError(500, f"internal error: {type(exc).__name__}", "backend", "internal_error")
+        err = Refused(500, f"internal error: {type(exc).__name__}", "backend", "internal_error")
         return api.error(err, headers)
     finally:
         runtime.release()
@@ -373,14 +373,14 @@ async def tei_similarity(request: web.Request) -> web.Response:
 
 
 # ------------------------------------------------------------------ text-embeddings-inference
-def _tei_error(err: ApiError) -> web.Response:
+def _tei_error(err: Refused) -> web.Response:
     return web.json_response(err.tei_body(), status=err.status)
 
 
 def _tokenizer_engine(runtime: Runtime):
     """The engine, for the routes that need only its tokenizer; 503 before it is loaded."""
     if runtime.engine is None:
-        raise ApiError(503, "the model is not loaded yet", "unhealthy", "not_ready")
+        raise Refused(503, "the model is not loaded yet", "unhealthy", "not_ready")
     return runtime.engine
 
 
@@ -389,7 +389,7 @@ async def tei_health(request: web.Request) -> web.Response:
     lifecycle = request.app[RUNTIME].lifecycle
     if lifecycle.accepts_embeddings:
         return web.Response(status=200)
-    return _tei_error(ApiError(503, "unhealthy", "unhealthy", "not_ready"))
+    return _tei_error(Refused(503, "unhealthy", "unhealthy", "not_ready"))
 
 
 async def tei_tokenize(request: web.Request) -> web.Response:
@@ -402,7 +402,7 @@ async def tei_tokenize(request: web.Request) -> web.Response:
         add_special = parse_flag(fields.get("add_special_tokens"), "add_special_tokens", True)
         prompt = parse_prompt_name(fields, limits.prompts)
         return web.json_response(await engine.pre.tokens(texts, add_special, prompt))
-    except ApiError as err:
+    except Refused as err:
         return _tei_error(err)
 
 
@@ -415,7 +415,7 @@ async def tei_decode(request: web.Request) -> web.Response:
         ids = parse_id_lists(fields.get("ids"), "ids", limits.vocab.size, limits.max_inputs)
         skip = parse_flag(fields.get("skip_special_tokens"), "skip_special_tokens", True)
         return web.json_response(await engine.pre.decode(ids, skip))
-    except ApiError as err:
+    except Refused as err:
         return _tei_error(err)
 
 
@@ -424,7 +424,7 @@ async def tei_root(request: web.Request) -> web.Response:
     `source_sentence` (huggingface_hub's InferenceClient posts both tasks to the URL itself)."""
     try:  # under the same body deadline and limit as every route; cached for the one it picks
         body = await _read_json(request, request.app[RUNTIME].config.payload_limit)
-    except ApiError as err:
+    except Refused as err:
         return _tei_error(err)
     if isinstance(body, dict) and isinstance(body.get("inputs"), dict):
         return await tei_similarity(request)
@@ -434,7 +434,7 @@ async def tei_root(request: web.Request) -> web.Response:
 def _not_this_kind(kind: str) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         message = f"model is not a {kind} model: this server embeds text (/embed, /v1/embeddings)"
-        return _tei_error(ApiError(424, message, "backend", "wrong_model_type"))
+        return _tei_error(Refused(424, message, "backend", "wrong_model_type"))
 
     return handler
 
@@ -459,7 +459,7 @@ async def debug_faults(request: web.Request) -> web.Response:
             injector.set(str(fields.get("mode")), count, seconds)
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=422)
-        except ApiError as err:
+        except Refused as err:
             return _tei_error(err)
         log.warning("fault injection: %s", injector.state())
     return web.json_response(injector.state())

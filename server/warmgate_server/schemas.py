@@ -16,7 +16,7 @@ try:  # optional: serialises float32 arrays about 10x faster than the standard l
 except ImportError:  # pragma: no cover - depends on the environment
     orjson = None
 
-from .errors import ApiError, empty, validation
+from .errors import Refused, empty, validation
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,7 @@ def parse_openai(body: object, limits: Limits) -> EmbedRequest:
         if not isinstance(model, str):
             raise validation("`model` must be a string", "invalid_type", "model")
         if model not in limits.model_names:
-            raise ApiError(
+            raise Refused(
                 404,
                 f"model {model!r} is not served here; use one of: "
                 + ", ".join(sorted(limits.model_names)),

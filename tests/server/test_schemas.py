@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from warmgate_server.errors import ApiError
+from warmgate_server.errors import Refused
 from warmgate_server.schemas import (
     EmbedRequest,
     Limits,
@@ -48,12 +48,12 @@ def test_openai_token_ids_are_checked_against_the_vocabulary_the_server_takes() 
     beyond_the_model = {"input": [[90000, 12]]}
     parsed = parse_openai(beyond_the_model, OPENAI_IDS)
     assert parsed.openai_ids and parsed.texts == [[90000, 12]]
-    with pytest.raises(ApiError, match=r"outside this model's vocabulary \(0..30521\)"):
+    with pytest.raises(Refused, match=r"outside this model's vocabulary \(0..30521\)"):
         parse_openai(beyond_the_model, LIMITS)
-    with pytest.raises(ApiError, match=r"outside the cl100k_base vocabulary \(0..100276\)$"):
+    with pytest.raises(Refused, match=r"outside the cl100k_base vocabulary \(0..100276\)$"):
         parse_openai({"input": [[100277]]}, OPENAI_IDS)
     # TEI's routes take the model's own ids whatever the OpenAI route takes.
-    with pytest.raises(ApiError, match="this model's vocabulary"):
+    with pytest.raises(Refused, match="this model's vocabulary"):
         parse_tei({"inputs": [[90000]]}, OPENAI_IDS)
 
 
@@ -78,7 +78,7 @@ def test_embed_all_asks_for_token_states_unnormalised_unless_told() -> None:
     raw = parse_tei_tokens({"inputs": ["a", "b"]}, LIMITS)
     assert raw.output is Output.TOKENS and raw.normalize is False
     assert parse_tei_tokens({"inputs": "a", "normalize": True}, LIMITS).normalize is True
-    with pytest.raises(ApiError, match="`normalize` must be true or false"):
+    with pytest.raises(Refused, match="`normalize` must be true or false"):
         parse_tei_tokens({"inputs": "a", "normalize": "yes"}, LIMITS)
 
 
@@ -94,9 +94,9 @@ def test_similarity_embeds_the_source_first_and_takes_teis_parameters() -> None:
     assert (parsed.texts, parsed.truncate, parsed.truncate_left) == (["s", "a", "b"], True, True)
     # The source counts against the inputs a request may hold.
     too_many = {"inputs": {"source_sentence": "s", "sentences": ["a", "b", "c", "d"]}}
-    with pytest.raises(ApiError, match="maximum allowed batch size 3"):
+    with pytest.raises(Refused, match="maximum allowed batch size 3"):
         parse_similarity(too_many, LIMITS)
     for inputs in ("s", {"source_sentence": "", "sentences": ["a"]}):
-        with pytest.raises(ApiError) as refused:
+        with pytest.raises(Refused) as refused:
             parse_similarity({"inputs": inputs}, LIMITS)
         assert refused.value.status == 422
