@@ -22,8 +22,8 @@ from .lifecycle import Lifecycle
 from .loading import LoadedModel
 from .metrics import Metrics
 from .routes import add_routes, count_requests
+from .settle import SettleRule
 from .startup import bring_up
-from .warmup import SettleRule
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ from .runner import ModelRunner
 from .scheduler import Scheduler, StageTimes
 from .schemas import EmbedRequest, Output
 from .settings import module_chain, request_limits, resolve_settings
+from .settle import SettleRule, default_rule
 from .shapes import ShapePolicy
 from .warming import Warmup
-from .warmup import SettleRule, default_rule
 from .workers import Workers
 
 
@@ -155,7 +155,7 @@ class Engine:
 
     async def warm(self, lifecycle: Lifecycle, rule: SettleRule | None = None) -> None:
         """Run every planned shape through the serving path on every model worker, smallest
-        first, within the memory budget (warming.py), as the device's rule says (warmup.py:
+        first, within the memory budget (warming.py), as the device's rule says (settle.py:
         on a CPU once cold and once timed, on a GPU until its latency settles). When the fit
         policy cut the plan, the batcher forms only the shapes that were warmed."""
         config = self.config

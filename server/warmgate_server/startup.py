@@ -24,8 +24,8 @@ from .loading import LoadedModel, load_model
 from .memory import ProcessProbe
 from .preflight import check_loading_fits
 from .schemas import EmbedRequest, dumps, openai_response
+from .settle import SettleRule
 from .source import ModelSource, locate, needs_download, weights_bytes
-from .warmup import SettleRule
 
 log = logging.getLogger(__name__)
 

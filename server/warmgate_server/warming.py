@@ -1,5 +1,5 @@
 """Warmup: every planned shape through the serving path (Workers.execute) on every model worker,
-side by side as under load, as the device's rule says (warmup.py: on a CPU once cold and once
+side by side as under load, as the device's rule says (settle.py: on a CPU once cold and once
 timed; on a GPU until its latency settles); CUDA graphs are captured first, and oneDNN's kernels
 for the row counts no planned shape reaches are made (linear.warm). Shapes go from the smallest
 up, each one's memory need measured, and none starts whose predicted need is past the budget
@@ -31,7 +31,7 @@ from .memory import Probe
 from .memory_prediction import ACTIVATION_FACTOR, PassModel, predict, warm_order
 from .metrics import Metrics
 from .pacing import CpuPacer
-from .warmup import SettleRule, should_stop, steady_seconds
+from .settle import SettleRule, should_stop, steady_seconds
 from .workers import Workers
 
 LONG_PASS_SECONDS = 0.5

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from warmgate_server.app import create_app
 from warmgate_server.config import ServerConfig, parse_config
 from warmgate_server.loading import LoadedModel
-from warmgate_server.warmup import SettleRule
+from warmgate_server.settle import SettleRule
 from warmgate_testkit.process import wait_for_phase
 
 # A small plan keeps warmup short on a slow CI machine while still covering two buckets and

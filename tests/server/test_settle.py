@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from warmgate_server.warmup import SettleRule, settled, should_stop, steady_seconds
+from warmgate_server.settle import SettleRule, settled, should_stop, steady_seconds
 
 RULE = SettleRule(window=3, tolerance=0.1, max_runs=10, max_seconds=100)
 
@@ -41,7 +41,7 @@ def test_warmup_of_a_shape_ends_settled_at_the_run_cap_or_at_the_time_cap() -> N
 def test_a_cpu_warms_a_shape_with_one_cold_and_one_timed_run() -> None:
     """A CPU's first pass of a shape pays all the first-time cost there is, so warmup runs it
     twice and reports the second as its steady latency; a GPU settles as before."""
-    from warmgate_server.warmup import default_rule
+    from warmgate_server.settle import default_rule
 
     cpu = default_rule("cpu")
     assert not should_stop([0.5], cpu)
