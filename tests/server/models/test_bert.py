@@ -41,8 +41,10 @@ def reference_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k):
 def test_variable_length_attention_gives_the_padded_passs_vectors(
     minilm_dir, loaded_minilm, sentence_transformer
 ) -> None:
-    padded_keys = PackedBert.from_folder(minilm_dir, torch.float32)
-    varlen = PackedBert.from_folder(minilm_dir, torch.float32)
+    # One linear kernel for both: each measures its own at load, and under load two
+    # measurements can pick apart (the passes are compared here, not the kernels).
+    padded_keys = PackedBert.from_folder(minilm_dir, torch.float32, linear_kernel="mkl")
+    varlen = PackedBert.from_folder(minilm_dir, torch.float32, linear_kernel="mkl")
     assert varlen.varlen is None  # on a CPU the padded-keys path is the real one
     varlen.varlen = reference_varlen
     token_lists = loaded_minilm.tokenizer(TEXTS)["input_ids"]
@@ -213,8 +215,10 @@ def test_the_gpus_passes_give_the_cpus_states_for_the_roberta_family_and_distilb
     from transformers import AutoTokenizer
 
     folder = zoo.build(family, "current", tmp_path_factory.mktemp("zoo"))
-    padded_keys = PackedBert.from_folder(folder, torch.float32)
-    varlen = PackedBert.from_folder(folder, torch.float32)
+    # One linear kernel for both: each measures its own at load, and under load two
+    # measurements can pick apart (the passes are compared here, not the kernels).
+    padded_keys = PackedBert.from_folder(folder, torch.float32, linear_kernel="mkl")
+    varlen = PackedBert.from_folder(folder, torch.float32, linear_kernel="mkl")
     varlen.varlen = reference_varlen
     assert padded_keys.offset == FAMILY_OFFSETS[family]  # RoBERTa's: pad_token_id 1, plus 1
     limit = padded_keys.max_positions

@@ -151,10 +151,12 @@ def test_the_gpus_variable_length_pass_gives_the_cpus_states(
     else:
         folder = gemma(root / "gemma")
         lists, seq_len, windows = GEMMA_BATCH, 64, {(4, 4), (-1, -1)}
-    padded_keys = PackedDecoder.from_folder(folder, torch.float32)
+    # One linear kernel for both: each measures its own at load, and under load two
+    # measurements can pick apart (the passes are compared here, not the kernels).
+    padded_keys = PackedDecoder.from_folder(folder, torch.float32, linear_kernel="mkl")
     assert padded_keys.varlen is None  # on a CPU the padded-keys path is the real one
     monkeypatch.setattr(packed_module, "varlen_attention", lambda *_args: reference_varlen)
-    varlen = PackedDecoder.from_folder(folder, torch.float32)
+    varlen = PackedDecoder.from_folder(folder, torch.float32, linear_kernel="mkl")
     assert varlen.varlen is reference_varlen
     rows = len(lists) + 1  # one padding row
     WINDOWS.clear()
