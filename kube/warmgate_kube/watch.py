@@ -121,8 +121,7 @@ class Store:
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> bool:
         """Take a watch event; False when it changes nothing held (the echo of a write whose
-        answer `record` already took). An object without a resourceVersion (one never read
-        from an apiserver) is always taken."""
+        answer `record` already took)."""
         key = key_of(obj)
         if event_type == DELETED:
             held = self._objects.get(key)
@@ -134,7 +133,6 @@ class Store:
         version = obj["metadata"].get("resourceVersion")
         if (
             held is not None
-            and version is not None
             and _uid(held) == _uid(obj)
             and held["metadata"].get("resourceVersion") == version
         ):

@@ -13,7 +13,7 @@ from typing import Any
 from warmgate_contract.aliases import NameTable, Resolution, claims_of
 from warmgate_contract.names import SERVER_PORT_NAME
 from warmgate_kube.kinds import EMBEDDING_ALIAS, EMBEDDING_SERVICE, ENDPOINT_SLICE, ResourceKind
-from warmgate_kube.watch import Change, Event, Key, Listing, Store, key_of
+from warmgate_kube.watch import DELETED, Change, Event, Key, Listing, Store, key_of
 
 SERVICES = EMBEDDING_SERVICE
 ALIASES = EMBEDDING_ALIAS
@@ -91,8 +91,13 @@ class View:
         self._refresh(kind)
 
     def on_change(self, kind: ResourceKind, event: str, obj: dict[str, Any]) -> None:
-        """One object ADDED, MODIFIED or DELETED."""
-        self.store(kind).apply(event, obj)
+        """One object ADDED, MODIFIED or DELETED, held as given (a Reflector's events go
+        through `take`, already in the Store)."""
+        store = self.store(kind)
+        if event == DELETED:
+            store.apply(DELETED, obj)
+        else:
+            store.record(obj)
         self._refresh(kind, obj)
 
     def _refresh(self, kind: ResourceKind, obj: dict[str, Any] | None = None) -> None:
