@@ -306,6 +306,12 @@ class Variable:
     dest: str | None
     """The configuration's field it fills; None where a library reads it itself."""
     help: str
+    read: Callable[[str], Any] = lambda text: text or None
+    """The field's value from the variable's text; None leaves the field as it is."""
+
+
+def _older_onednn(text: str) -> str | None:
+    return "mkl" if text.strip() == "0" else None
 
 
 ENVIRONMENT: tuple[Variable, ...] = (
@@ -320,6 +326,7 @@ ENVIRONMENT: tuple[Variable, ...] = (
         "linear",
         "the older spelling of --linear mkl: 0 runs the linear layers with MKL (where "
         "--linear and WARMGATE_LINEAR are not given)",
+        _older_onednn,
     ),
     Variable(
         "HF_HOME",

@@ -235,11 +235,9 @@ def _from_environment(
         raw = environ.get(variable.name)
         if variable.dest is None or raw is None or variable.dest in values:
             continue
-        if variable.name == "WARMGATE_ONEDNN":
-            if raw.strip() == "0":
-                found["linear"] = "mkl"
-        elif raw:
-            found[variable.dest] = raw
+        value = variable.read(raw)
+        if value is not None:
+            found[variable.dest] = value
     return found
 
 
