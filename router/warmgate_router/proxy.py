@@ -135,21 +135,6 @@ class Router:
             for q in table.by_qualified
         )
 
-    # -- activity and waking (waking.py) ------------------------------------------------------
-    @property
-    def kube(self) -> KubeClient | None:
-        return self.waker.kube
-
-    @kube.setter
-    def kube(self, kube: KubeClient | None) -> None:
-        self.waker.kube = kube
-
-    def note_activity(self, key: Key) -> None:
-        self.waker.note_activity(key)
-
-    async def wake(self, key: Key) -> None:
-        await self.waker.wake(key)
-
     # -- holding --------------------------------------------------------------------------
     def hold_for(self, request: Request, key: Key) -> Hold:
         """How long this request may wait for `key`'s first warm pod (hold.py)."""
@@ -176,7 +161,7 @@ class Router:
                 "no_replicas",
             )
         if at_zero:  # woken even when this request is not held: its retry finds a pod
-            await self.wake(key)
+            await self.waker.wake(key)
         if self.config.hold_seconds <= 0:
             raise Refused(
                 503,
@@ -218,7 +203,7 @@ class Router:
                     outcome = "router_stopping"
                     break
                 if replicas(self.view.service(key) or {}) == 0:
-                    await self.wake(key)
+                    await self.waker.wake(key)
         finally:
             self.held -= 1
             gauge.dec()
@@ -260,7 +245,7 @@ class Router:
         key = (namespace, resolution.service or "")
         label = f"{namespace}/{key[1]}"
         in_flight, latency = self.metrics.for_service(label)
-        self.note_activity(key)
+        self.waker.note_activity(key)
         plan: Hold | None = None  # how long to hold it, once it has to be
         held = 0.0
         tried: set[str] = set()

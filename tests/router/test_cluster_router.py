@@ -141,14 +141,14 @@ async def test_a_request_records_activity_and_wakes_a_service_at_zero(devcluster
         await asyncio.wait_for(reflector.synced.wait(), 30)
         await until(lambda: view.service(key) is not None)
         before = time.time()
-        router.note_activity(key)  # a third of idleSeconds (10 s), not --activity-seconds
+        router.waker.note_activity(key)  # a third of idleSeconds (10 s), not --activity-seconds
         await until(lambda: LAST_REQUEST_ANNOTATION in (current()["metadata"].get(
             "annotations") or {}))  # fmt: skip
         stamp = current()["metadata"]["annotations"][LAST_REQUEST_ANNOTATION]
         assert "." in stamp and stamp.endswith("Z"), stamp
         assert before - 0.01 <= parse_stamp(stamp) <= time.time()
 
-        await router.wake(key)
+        await router.waker.wake(key)
         assert current()["spec"]["replicas"] == 1
         woken = router.metrics.registry.get_sample_value(
             "warmgate_router_cold_starts_from_zero_total", {"service": f"{namespace}/sleepy"}
@@ -157,7 +157,7 @@ async def test_a_request_records_activity_and_wakes_a_service_at_zero(devcluster
         router.waker._woken.clear()  # past the wake's own 10 s guard: the Scale read decides
         kubeapi.call(devcluster.api, "PATCH", f"{path}/sleepy", {"spec": {"replicas": 2}},
                      content_type="application/merge-patch+json")  # fmt: skip
-        await router.wake(key)
+        await router.waker.wake(key)
         assert current()["spec"]["replicas"] == 2  # scaled by someone else: left alone
         assert (
             router.metrics.registry.get_sample_value(

@@ -505,7 +505,7 @@ async def test_a_wake_longer_than_the_router_holds_is_answered_at_once_with_retr
     route's own error format. The service is still woken, so the retry finds it warm."""
     r = await rig(hold_seconds=1, max_hold_seconds=5)
     apiserver = ScaleRecorder()
-    r.router.kube = apiserver  # type: ignore[assignment]
+    r.router.waker.kube = apiserver  # type: ignore[assignment]
     names(r.view, [waking_service("big", wake_seconds=40)], [])
 
     def call() -> None:
