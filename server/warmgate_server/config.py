@@ -54,7 +54,7 @@ class ServerConfig:
     dtype: str = DEFAULTS["dtype"]
     """auto (float16 on cuda, float32 on cpu), float32, float16 or bfloat16."""
     pooling: str | None = DEFAULTS["pooling"]
-    """One of POOLINGS; None: the model folder's own (modelconfig.py), else mean."""
+    """One of POOLINGS; None: the model folder's own (model_folder.py), else mean."""
     normalize: bool | None = DEFAULTS["normalize"]
     """Default L2 normalisation (TEI's `normalize` field overrides it per request); None: the
     model folder's own, else yes."""

@@ -20,6 +20,7 @@ import numpy as np
 from warmgate_contract.shapes import Shape
 
 from . import post
+from .bucketing import ShapePolicy
 from .config import ServerConfig
 from .faults import FaultInjector
 from .lifecycle import Lifecycle
@@ -32,9 +33,8 @@ from .pre import Preprocessor
 from .runner import ModelRunner
 from .scheduler import Scheduler, StageTimes
 from .schemas import EmbedRequest, Output
-from .settings import module_chain, request_limits, resolve_settings
+from .serving import module_chain, request_limits, resolve_settings
 from .settle import SettleRule, default_rule
-from .shapes import ShapePolicy
 from .warming import Warmup
 from .workers import Workers
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .modelconfig import DenseModule, ModelConfigError, NormalizeModule, Step
+from .model_folder import DenseModule, ModelConfigError, NormalizeModule, Step
 
 
 class _Dense:
@@ -73,7 +73,7 @@ def _load_state(module: DenseModule) -> dict[str, torch.Tensor]:
 
 def _activation(path: str) -> torch.nn.Module:
     """An activation module by its import path, as sentence-transformers' Dense imports it (a
-    path outside torch is custom code: modelconfig refuses it without --trust-remote-code)."""
+    path outside torch is custom code: model_folder.py refuses it without --trust-remote-code)."""
     module_path, _, name = path.rpartition(".")
     try:
         found = getattr(importlib.import_module(module_path), name)

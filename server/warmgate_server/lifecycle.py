@@ -40,7 +40,7 @@ class Lifecycle:
     torch_threads: int | None = None
     """torch threads per worker."""
     model_settings: dict[str, object] | None = None
-    """Pooling, normalisation and prompts as chosen at load (modelconfig.ModelSettings)."""
+    """Pooling, normalisation and prompts as chosen at load (model_folder.ModelSettings)."""
     forward: Callable[[], dict[str, object]] | None = None
     """How forward passes run (Workers.forward_report), once the model is loaded."""
     commit: str | None = None

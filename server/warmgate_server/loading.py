@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import checkpoint, modelconfig
+from . import checkpoint, model_folder
 from .config import ServerConfig
 from .cpus import plan_threads
 from .errors import ModelLoadError, weight_names
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def _model_max_length(
-    folder: modelconfig.FolderSettings, positions: Any, tokenizer: Any
+    folder: model_folder.FolderSettings, positions: Any, tokenizer: Any
 ) -> tuple[int, str]:
     """The model's own input limit and where it comes from: sentence-transformers'
     max_seq_length when present, else the smaller of its positions (less the RoBERTa family's
@@ -78,7 +78,7 @@ class LoadedModel:
     None (the model's own forward)."""
     max_positions: int | None = None
     """Tokens per input the model's position embeddings hold: the hard limit."""
-    folder: modelconfig.FolderSettings = field(default_factory=modelconfig.FolderSettings)
+    folder: model_folder.FolderSettings = field(default_factory=model_folder.FolderSettings)
     """What the folder's sentence-transformers files say (read once, in the model thread)."""
     head: Head | None = None
     """The Head (head.py) the load's flags resolved: pooling, Dense and Normalize modules."""
@@ -152,9 +152,9 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
     torch.set_num_threads(threads.threads)  # the intra-op pool size every model thread uses
     started = time.perf_counter()
     try:
-        folder = modelconfig.read_folder(path, config.trust_remote_code)
-        settings = modelconfig.resolve(config, path, folder)
-    except modelconfig.ModelConfigError as error:
+        folder = model_folder.read_folder(path, config.trust_remote_code)
+        settings = model_folder.resolve(config, path, folder)
+    except model_folder.ModelConfigError as error:
         raise ModelLoadError(str(error)) from None
     dtype = _pick_dtype(config.dtype, device, folder.model_type)
     # Code the folder points at is always a decision: unset, the folder is refused, naming
@@ -201,7 +201,7 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
 
     try:
         head = Head(settings.pooling_modes, settings.steps, hidden_size, device)
-    except modelconfig.ModelConfigError as error:
+    except model_folder.ModelConfigError as error:
         raise ModelLoadError(str(error)) from None
     max_length, max_length_source = _model_max_length(folder, positions, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

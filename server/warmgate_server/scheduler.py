@@ -21,10 +21,10 @@ import numpy as np
 from warmgate_contract.report import ProfileEntry, render_profile
 from warmgate_contract.shapes import Shape
 
+from .bucketing import ShapePolicy, bucket_for
 from .errors import ModelFault, QueueFull
 from .metrics import Metrics
 from .runner import BatchResult
-from .shapes import ShapePolicy, bucket_for
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from warmgate_server.head import Head
-from warmgate_server.modelconfig import ST_MODES, DenseModule, NormalizeModule
+from warmgate_server.model_folder import ST_MODES, DenseModule, NormalizeModule
 
 HIDDEN = 16
 LENGTHS = [5, 9, 3]

@@ -14,7 +14,7 @@ import pytest
 from support.models import MIN_COSINE, cosine, embed, reference, serve
 
 from warmgate_server import checkpoint
-from warmgate_server.modelconfig import LEGACY_FLAGS
+from warmgate_server.model_folder import LEGACY_FLAGS
 from warmgate_testkit import zoo
 
 

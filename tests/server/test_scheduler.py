@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from warmgate_contract.shapes import Shape, plan_warmup
+from warmgate_server.bucketing import ShapePolicy
 from warmgate_server.errors import ModelFault, QueueFull
 from warmgate_server.metrics import Metrics
 from warmgate_server.runner import BatchResult
 from warmgate_server.scheduler import Scheduler
-from warmgate_server.shapes import ShapePolicy
 
 
 def make_scheduler(

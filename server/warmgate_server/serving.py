@@ -1,5 +1,5 @@
 """What an engine serves a loaded model with, resolved once when it is built (in the model
-thread): the folder's sentence-transformers settings under the flags (modelconfig.resolve), the
+thread): the folder's sentence-transformers settings under the flags (model_folder.resolve), the
 input limit, the module chain they name (head.py), and the limits requests are checked against."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from . import modelconfig
+from . import model_folder
 from .config import ServerConfig
 from .errors import ModelLoadError
 from .loading import LoadedModel
@@ -41,20 +41,20 @@ def input_limit(
     return limit, source
 
 
-def resolve_settings(config: ServerConfig, loaded: LoadedModel) -> modelconfig.ModelSettings:
+def resolve_settings(config: ServerConfig, loaded: LoadedModel) -> model_folder.ModelSettings:
     """The folder's settings under the flags, with the input limit and where it came from."""
     limit, source = input_limit(
         config, loaded.model_max_length, loaded.model_max_length_source, loaded.max_positions
     )
     try:
-        settings = modelconfig.resolve(config, loaded.path, loaded.folder)
-    except modelconfig.ModelConfigError as error:
+        settings = model_folder.resolve(config, loaded.path, loaded.folder)
+    except model_folder.ModelConfigError as error:
         raise ModelLoadError(str(error)) from None
     chosen_by = {**settings.chosen_by, "max_input_length": source}
     return replace(settings, max_input_length=limit, chosen_by=chosen_by)
 
 
-def module_chain(settings: modelconfig.ModelSettings, loaded: LoadedModel) -> Head:
+def module_chain(settings: model_folder.ModelSettings, loaded: LoadedModel) -> Head:
     """The load's Head when these settings name the same module chain (the server's own case);
     else one for these settings (tests that share a loaded model under other flags)."""
     head = loaded.head
@@ -64,13 +64,13 @@ def module_chain(settings: modelconfig.ModelSettings, loaded: LoadedModel) -> He
 
     try:
         return Head(settings.pooling_modes, settings.steps, loaded.hidden_size, loaded.device)
-    except modelconfig.ModelConfigError as error:
+    except model_folder.ModelConfigError as error:
         raise ModelLoadError(str(error)) from None
 
 
 def request_limits(
     config: ServerConfig,
-    settings: modelconfig.ModelSettings,
+    settings: model_folder.ModelSettings,
     hidden_size: int,
     vocab_size: int,
     openai_ids: OpenAITokenIds | None,

@@ -1,4 +1,4 @@
-"""Shape maths for serving: the bucket an input lands in and the padded batch a group of inputs
+"""Bucketing for serving: the bucket an input lands in and the padded batch a group of inputs
 runs as (the shape itself and the warmup plan are the contract's: `warmgate_contract.shapes`).
 Pure functions only."""
 

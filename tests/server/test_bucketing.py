@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from warmgate_contract.shapes import Shape, plan_warmup
-from warmgate_server.shapes import ShapePolicy, bucket_for
+from warmgate_server.bucketing import ShapePolicy, bucket_for
 
 ascending = st.lists(st.integers(1, 512), min_size=1, max_size=6, unique=True).map(sorted)
 

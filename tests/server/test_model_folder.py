@@ -224,10 +224,10 @@ async def test_the_input_limit_is_reported_with_where_it_came_from(
 
 
 def _resolve(folder: Path, *args: str):
-    from warmgate_server import modelconfig
+    from warmgate_server import model_folder
     from warmgate_server.config import parse_config
 
-    return modelconfig.resolve(parse_config(["--model", str(folder), *args]), folder)
+    return model_folder.resolve(parse_config(["--model", str(folder), *args]), folder)
 
 
 def test_a_decoder_embeds_with_its_last_token_unless_its_folder_says_otherwise(
@@ -257,7 +257,7 @@ def test_modules_the_server_cannot_reproduce_are_refused(model_copy) -> None:
     """Module types are matched by their full path: a custom module whose class is also
     called Transformer, or any module but Transformer, Pooling, Dense and Normalize, is
     refused with its type, whatever --pooling says."""
-    from warmgate_server.modelconfig import ModelConfigError
+    from warmgate_server.model_folder import ModelConfigError
 
     folder = model_copy("mean")
     modules = json.loads((folder / "modules.json").read_text())

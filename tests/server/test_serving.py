@@ -6,7 +6,7 @@ import pytest
 
 from warmgate_server.config import parse_config
 from warmgate_server.errors import ModelLoadError
-from warmgate_server.settings import input_limit
+from warmgate_server.serving import input_limit
 
 BUCKETS = ["--sequence-buckets", "32,64,128"]
 
