@@ -119,6 +119,41 @@ class Store:
             self._put(obj)
         return gone
 
+    def versions(self, namespace: str | None) -> dict[Key, tuple[str | None, str | None]]:
+        """(uid, resourceVersion) of each object held in `namespace` (all with None): what an
+        audit compares a listing with (`prune`)."""
+        return {
+            key: (_uid(obj), obj["metadata"].get("resourceVersion"))
+            for key, obj in self._objects.items()
+            if namespace is None or key[0] == namespace
+        }
+
+    def prune(
+        self,
+        namespace: str | None,
+        objects: Iterable[Mapping[str, Any]],
+        held: Mapping[Key, tuple[str | None, str | None]],
+    ) -> list[dict[str, Any]]:
+        """Drop what was `held` (versions() before the listing was asked for) that the listing
+        `objects` of `namespace` lacks, or has with another uid, and return it. An object whose
+        version changed since `held` was taken is left alone: an event newer than the snapshot
+        speaks for it. Nothing listed is put in: that is for the events that follow."""
+        listed = {key_of(obj): _uid(obj) for obj in objects}
+        gone = []
+        for key, (uid, version) in held.items():
+            if namespace is not None and key[0] != namespace:
+                continue
+            current = self._objects.get(key)
+            if current is None or (_uid(current), current["metadata"].get("resourceVersion")) != (
+                uid,
+                version,
+            ):
+                continue
+            if listed.get(key, "") != uid:
+                gone.append(current)
+                self._drop(key)
+        return gone
+
     def apply(self, event_type: str, obj: dict[str, Any]) -> bool:
         """Take a watch event; False when it changes nothing held (the echo of a write whose
         answer `record` already took)."""

@@ -250,3 +250,19 @@ async def test_a_kind_that_must_be_served_is_not_taken_as_empty() -> None:
     api = ScriptedApi([missing, ([pod("a", 1)], "10")], [[QUIET]])  # type: ignore[list-item]
     _, events = await reflect(api, lambda events: len(events) == 1)
     assert len(events[0].objects) == 1 and api.lists == 2
+
+
+def test_an_audit_prunes_only_what_it_saw_held_and_no_event_touched_since() -> None:
+    """Store.prune, the operator's audit of what kopf carries: held objects the listing lacks
+    (or has as a new object of that name) go; one that an event changed while the listing was
+    asked for stays, and so do other namespaces and objects listed but not held."""
+    store = Store(POD, index_label="warmgate.dev/service")
+    store.replace(None, [pod("a", 1), pod("b", 2), pod("c", 3), pod("d", 4, namespace="other")])
+    held = store.versions("ns")
+    assert set(held) == {("ns", "a"), ("ns", "b"), ("ns", "c")}
+    store.apply("MODIFIED", pod("b", 5))  # an event during the listing
+    listed = [pod("c", 3, uid="uid-c2"), pod("e", 6)]  # c was replaced; e is new, not held
+    gone = store.prune("ns", listed, held)
+    assert sorted(obj["metadata"]["name"] for obj in gone) == ["a", "c"]
+    assert names(store) == ["b", "d"]
+    assert store.labelled("ns", "minilm")[0]["metadata"]["name"] == "b"
