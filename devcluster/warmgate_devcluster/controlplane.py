@@ -59,8 +59,10 @@ def etcd_argv(bin_dir: Path, data_dir: Path, ports: Ports) -> list[str]:
 
 # Every write to the API is recorded, with who made it (user and user agent), the object and the
 # time, so "who wrote this, and when?" has an answer from the apiserver itself (the idle
-# operator test asks it). Reads are not recorded: they are most requests and answer nothing of
-# the kind. One event per request, when its response is complete.
+# operator test asks it); so is every read of warmgate's own resources (kopf's listings and
+# watches of EmbeddingServices, the operator's audits), so "who still reads at idle?" has one
+# too. Other reads are not recorded: they are most requests and answer nothing of the kind.
+# One event per request, when its response is complete (a watch's also when it starts).
 AUDIT_POLICY = """\
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -68,6 +70,10 @@ omitStages: [RequestReceived]
 rules:
   - level: Metadata
     verbs: [create, update, patch, delete, deletecollection]
+  - level: Metadata
+    verbs: [get, list, watch]
+    resources:
+      - group: warmgate.dev
   - level: None
 """
 

@@ -84,16 +84,22 @@ waiting (ErrImageNeverPull, or ErrImagePull where a pull is tried), running no c
 (objects to reconcile without real servers on 2 cores)."""
 
 
+WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+READ_VERBS = ("get", "list", "watch")
+
+
 def audit_writes(
     audit_log: Path,
     since: float,
     until: float,
     namespace: str | None = None,
     user_agents: tuple[str, ...] = (),
+    verbs: tuple[str, ...] = WRITE_VERBS,
 ) -> list[dict[str, Any]]:
     """The writes the apiserver recorded in its audit log (`ClusterConfig.audit_log` and its
     rotated backups) received between `since` and `until` (wall clock), optionally only those
-    in `namespace` and from clients whose user agent starts with one of `user_agents`."""
+    in `namespace` and from clients whose user agent starts with one of `user_agents`. With
+    `verbs=READ_VERBS`: the reads it recorded (those of warmgate.dev resources only)."""
     events = []
     for path in sorted(audit_log.parent.glob(f"{audit_log.stem}*{audit_log.suffix}")):
         for line in path.read_text(errors="replace").splitlines():
@@ -103,7 +109,7 @@ def audit_writes(
             except (ValueError, KeyError, TypeError):
                 continue  # a line being written
             ref = event.get("objectRef") or {}
-            if not since <= received <= until:
+            if not since <= received <= until or event.get("verb") not in verbs:
                 continue
             if namespace is not None and ref.get("namespace") != namespace:
                 continue

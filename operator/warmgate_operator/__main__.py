@@ -13,7 +13,9 @@ from collections.abc import Sequence
 
 import kopf
 
-from warmgate_kube.client import KubeClient
+from warmgate_contract.names import API_VERSION
+from warmgate_kube.client import ApiError, KubeClient
+from warmgate_kube.kinds import EMBEDDING_ALIAS, EMBEDDING_SERVICE, ResourceKind
 
 from .config import USER_AGENT, ConfigError, OperatorConfig, load_config
 from .handlers import register
@@ -80,6 +82,20 @@ def _elect(config: OperatorConfig, identity: str, metrics: Metrics) -> LeaderEle
     return elector
 
 
+def served(client: KubeClient) -> tuple[ResourceKind, ...]:
+    """The custom resource kinds the API serves now (one discovery GET). kopf carries these;
+    a kind whose CRD is applied later is watched by the operator itself, since kopf never
+    watches a resource it did not find at its start."""
+    try:
+        found = client.call_sync("GET", f"/apis/{API_VERSION}") or {}
+    except ApiError as error:
+        if error.status != 404:
+            raise
+        found = {}
+    names = {resource.get("name") for resource in found.get("resources") or []}
+    return tuple(kind for kind in (EMBEDDING_SERVICE, EMBEDDING_ALIAS) if kind.plural in names)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(argv)
@@ -102,8 +118,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if elector is not None:
         client.write_fence = elector.may_write
         client.on_fence = functools.partial(_fenced, elector)
+    carried = served(client)
+    for kind in {EMBEDDING_SERVICE, EMBEDDING_ALIAS} - set(carried):
+        log.warning(
+            "the API does not serve %s yet (kubectl apply -f crds/): watching for it; "
+            "once it is served, restarting the operator lets kopf carry it",
+            kind.kind,
+        )
     registry = kopf.OperatorRegistry()
-    register(registry)
+    register(
+        registry,
+        services=EMBEDDING_SERVICE in carried,
+        aliases=EMBEDDING_ALIAS in carried,
+    )
+    liveness = None
+    if config.kopf_probe_address is not None:
+        liveness = f"http://{config.kopf_probe_address}/healthz"
     try:
         kopf.run(
             registry=registry,
@@ -111,7 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             identity=identity,
             clusterwide=config.clusterwide,
             namespaces=config.namespaces,
-            memo=Operator.build(config, client, metrics),
+            memo=Operator.build(config, client, metrics, carried=carried),
+            liveness_endpoint=liveness,
         )
     finally:
         if elector is not None:

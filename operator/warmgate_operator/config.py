@@ -53,6 +53,9 @@ class OperatorConfig:
     lease_name, lease_namespace: the Lease (namespace: $POD_NAMESPACE, else `default`).
     lease_seconds: how long a Lease nobody renews stays taken (takeover time after a crash).
     http_address: host:port of the operator's HTTP endpoint (/healthz, /metrics), or None.
+    kopf_probe_address: host:port of kopf's own liveness endpoint (its `@kopf.on.probe`
+        results: whether the first listings are in), or None. Leader only: it starts after the
+        election and the first listings, so it is for people and monitors, not for kubelet.
     """
 
     default_image: str = DEFAULT_SERVER_IMAGE
@@ -70,6 +73,7 @@ class OperatorConfig:
     lease_namespace: str = "default"
     lease_seconds: float = 8.0
     http_address: str | None = None
+    kopf_probe_address: str | None = None
 
     @property
     def renew_deadline_seconds(self) -> float:
@@ -91,12 +95,14 @@ class OperatorConfig:
     def __post_init__(self) -> None:
         if not 2 <= self.lease_seconds <= 300:
             raise ConfigError("--lease-seconds must be between 2 and 300")
-        if self.http_address is not None:
-            port = self.http_address.rpartition(":")[2]
-            if not port.isdigit() or not 0 <= int(port) <= 65535:
-                raise ConfigError(
-                    f"--http-address {self.http_address!r} must be HOST:PORT, e.g. 0.0.0.0:8081"
-                )
+        for flag, address, example in (
+            ("--http-address", self.http_address, "0.0.0.0:8081"),
+            ("--kopf-probe-address", self.kopf_probe_address, "127.0.0.1:8082"),
+        ):
+            if address is not None:
+                port = address.rpartition(":")[2]
+                if not port.isdigit() or not 0 <= int(port) <= 65535:
+                    raise ConfigError(f"{flag} {address!r} must be HOST:PORT, e.g. {example}")
         if self.hub_endpoint is not None and not re.match(r"^https?://[^/\s]+", self.hub_endpoint):
             raise ConfigError(
                 f"--hub-endpoint {self.hub_endpoint!r} must be an http(s) URL, "
@@ -215,6 +221,12 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=twin("http-address", None),
         help="serve /healthz and /metrics (Prometheus) here, e.g. 0.0.0.0:8081",
     )
+    parser.add_argument(
+        "--kopf-probe-address",
+        default=twin("kopf-probe-address", None),
+        help="serve kopf's liveness endpoint (/healthz: its probe results) here, e.g. "
+        "127.0.0.1:8082; the leader only, once its first listings are in",
+    )
     return parser
 
 
@@ -251,6 +263,7 @@ def load_config(
             lease_namespace=str(args.lease_namespace),
             lease_seconds=float(args.lease_seconds),
             http_address=args.http_address or None,
+            kopf_probe_address=args.kopf_probe_address or None,
         )
     except (TypeError, ValueError) as error:
         raise ConfigError(str(error)) from error

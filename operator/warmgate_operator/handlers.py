@@ -1,10 +1,19 @@
-"""Thin kopf adapters: kopf runs the operator process (its event loop, signals, credentials
-and startup and cleanup phases); each handler here translates one of them into one call on the
-Operator that `__main__` built and handed to kopf as its memo.
+"""Thin kopf adapters: kopf runs the operator process (its event loop, signals, credentials,
+startup and cleanup phases) and carries the custom resources: every EmbeddingService event (and
+every EmbeddingAlias event, when that CRD is served) reaches the Operator that `__main__` built
+and handed to kopf as its memo, through one `@kopf.on.event` handler per kind that translates the
+event and calls `Operator.observe`.
 
-There are no resource handlers: the operator's watches are its own (watch.py says why), so
-kopf adds no finalizer and writes no annotation or status to any object, and deleting an
-EmbeddingService or a pod never waits for the operator.
+Only watching handlers are registered, and they return None, so kopf writes nothing to any
+object: no finalizer (only a daemon, a timer or a non-optional on.delete adds one), no
+`last-handled-configuration` annotation and no progress (only on.create/update/resume write
+those), no `status.<handler>` (only a handler's return value is written there), and no Event
+(posting is off). Deleting an EmbeddingService never waits for the operator.
+
+What kopf cannot say is kept by the Operator (runtime.py): where a listing starts and ends, and
+which objects vanished during a watch gap (kopf's relist yields only the objects that exist, and
+an empty relist yields nothing at all; tests/operator/test_handlers.py shows both). The pods
+and the other children stay on warmgate's own watches (watch.py says why).
 """
 
 from __future__ import annotations
@@ -13,7 +22,13 @@ from typing import Any
 
 import kopf
 
+from warmgate_kube.kinds import EMBEDDING_ALIAS, EMBEDDING_SERVICE, ResourceKind
+
 from .runtime import Operator
+
+KOPF_WATCH_SECONDS = 300
+"""How long one of kopf's watch requests lasts before it is renewed from its last resource
+version (no listing): the same as warmgate's own watches."""
 
 
 def configure_settings(settings: kopf.OperatorSettings) -> None:
@@ -21,13 +36,29 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.peering.mandatory = False
     # The operator records its own Events; kopf's per-handler events would be noise.
     settings.posting.enabled = False
-    # kopf watches nothing for this operator (watch.py does): its scans of the cluster's
-    # namespaces and CRDs would cost two watches and cluster-wide permissions for nothing.
+    # kopf watches the two custom resources named below, in the configured namespaces: its
+    # scans of the cluster's namespaces and CRDs would cost two watches and cluster-wide
+    # permissions for nothing.
     settings.scanning.disabled = True
+    settings.watching.server_timeout = KOPF_WATCH_SECONDS
 
 
-def register(registry: kopf.OperatorRegistry) -> None:
-    """Attach the handlers to `registry`; kopf passes each the Operator as `memo`."""
+def _carry(registry: kopf.OperatorRegistry, kind: ResourceKind) -> None:
+    group, version = kind.api_version.split("/")
+
+    @kopf.on.event(group, version, kind.plural, registry=registry, id=f"observe-{kind.plural}")
+    async def observe(event: kopf.RawEvent, memo: Operator, **_: Any) -> None:
+        # kopf's `type` is None for each object of a listing (its first, or one after a 410).
+        memo.observe(kind, event["type"], event["object"])
+
+
+def register(
+    registry: kopf.OperatorRegistry, *, services: bool = True, aliases: bool = True
+) -> None:
+    """Attach the handlers to `registry`; kopf passes each the Operator as `memo`. `services`,
+    `aliases`: whether kopf carries EmbeddingServices and EmbeddingAliases (their CRDs are
+    served); a kind it does not carry the Operator watches itself, since kopf never watches a
+    resource that was absent at its start."""
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -42,3 +73,12 @@ def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: Operator, **_: Any) -> None:
         await memo.stop()
+
+    @kopf.on.probe(registry=registry, id="listed")
+    def listed(memo: Operator, **_: Any) -> bool:
+        return memo.listed()
+
+    if services:
+        _carry(registry, EMBEDDING_SERVICE)
+    if aliases:
+        _carry(registry, EMBEDDING_ALIAS)

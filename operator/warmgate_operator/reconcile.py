@@ -55,6 +55,8 @@ class Reconciler:
     specs: ParsedSpecs = field(default_factory=ParsedSpecs)
     clock: Callable[[], str] = field(default=rfc3339)
     now: Callable[[], float] = field(default=time.time)
+    evict: Callable[[Mapping[str, Any]], None] = field(default=lambda body: None)
+    """Forget an EmbeddingService the apiserver no longer has (Operator.evict)."""
 
     async def __call__(self, body: Mapping[str, Any]) -> ReconcileResult:
         return await reconcile(self, body)
@@ -66,6 +68,20 @@ class ReconcileResult:
     """Retry after a failure (the controller backs off further on repeated ones)."""
     recheck_after: float | None = None
     """Nothing failed, but reconcile again then: when an idle window ends (scale to zero)."""
+
+
+class OwnerGone(Exception):
+    """The EmbeddingService being reconciled no longer exists (or is a new one of its name)."""
+
+
+async def _confirm_owner(ctx: Reconciler, owner: Owner) -> None:
+    """Before a child is created, one GET of its owner: an EmbeddingService deleted while the
+    watches were away, and not yet known to be gone (feed.py), must not have its children made
+    again. Children that exist are updated without it: the owner deleted, garbage collection
+    takes them whatever is written."""
+    live = await ctx.client.get(EMBEDDING_SERVICE, owner.namespace, owner.name)
+    if live is None or (live.get("metadata") or {}).get("uid") != owner.uid:
+        raise OwnerGone(f"{owner.namespace}/{owner.name}")
 
 
 async def _apply_children(
@@ -86,6 +102,18 @@ async def _apply_children(
         hub_endpoint=ctx.config.hub_endpoint,
         default_pull_policy=ctx.config.server_image_pull_policy,
     )
+    wanted = (
+        (CONFIGMAP, configmap_name(owner.name), desired.configmap),
+        (SERVICE, owner.name, desired.service),
+        (DEPLOYMENT, owner.name, desired.deployment),
+        (HPA, owner.name, desired.hpa),
+        (PDB, owner.name, desired.pdb),
+    )
+    if any(
+        child is not None and ctx.cache.child(kind, owner.namespace, name) is None
+        for kind, name, child in wanted
+    ):
+        await _confirm_owner(ctx, owner)
     # Roles before the Deployment's size: a scale-in demotes the surplus serving pods (and
     # makes them the cheapest to delete) before the ReplicaSet picks which pods to delete; and
     # before the Service, whose selector names the serving role once there is a pool.
@@ -100,13 +128,7 @@ async def _apply_children(
         )
     outcomes = []
     # The ConfigMap first (new pods mount it).
-    for kind, name, child in (
-        (CONFIGMAP, configmap_name(owner.name), desired.configmap),
-        (SERVICE, owner.name, desired.service),
-        (DEPLOYMENT, owner.name, desired.deployment),
-        (HPA, owner.name, desired.hpa),
-        (PDB, owner.name, desired.pdb),
-    ):
+    for kind, name, child in wanted:
         current = ctx.cache.child(kind, owner.namespace, name)
         if child is None:
             outcome = await apply.ensure_absent(
@@ -162,6 +184,9 @@ async def reconcile(ctx: Reconciler, body: Mapping[str, Any]) -> ReconcileResult
             deployment, outcomes = await _apply_children(ctx, body, spec, owner)
             applied = True
             await _record_changes(ctx, body, outcomes)
+        except OwnerGone:
+            ctx.evict(body)
+            return ReconcileResult()
         except apply.ChildConflict as error:
             problem = Problem(CONFLICT_REASON, str(error), blocking=True)
             await ctx.recorder.record(body, "Warning", problem.reason, problem.message)

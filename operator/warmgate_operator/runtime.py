@@ -1,11 +1,13 @@
 """The operator as one object: built in `__main__` from the configuration (no I/O, no event
-loop needed), handed to kopf as its memo, started by kopf's startup handler and stopped by its
-cleanup handler (handlers.py).
+loop needed), handed to kopf as its memo, started by kopf's startup handler, fed the custom
+resources by kopf's event handlers (`observe`) and stopped by its cleanup handler (handlers.py).
 
-What it runs: one Reflector per watched kind (and namespace) filling the Cache; the Controller
-reconciling EmbeddingServices from it; the AliasKeeper writing each EmbeddingAlias's status;
-the Gatekeeper verifying each gated pod; the TrafficObserver collecting served shapes. Watch
-events reach them through `dispatch`, the one place that decides who hears of what.
+What it runs: the ResourceFeed holding the EmbeddingServices and aliases kopf carries (feed.py:
+its seed and audits say what kopf cannot); one Reflector per child kind (and namespace) filling
+the rest of the Cache; the Controller reconciling EmbeddingServices from it; the AliasKeeper
+writing each EmbeddingAlias's status; the Gatekeeper verifying each gated pod; the
+TrafficObserver collecting served shapes. Events reach them through `dispatch`, the one place
+that decides who hears of what.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from .aliases import AliasKeeper
 from .config import OperatorConfig
 from .controller import Controller
 from .events import EventRecorder
+from .feed import ResourceFeed
 from .gatekeeper import Gatekeeper
 from .metrics import Metrics
 from .observed import TrafficObserver
@@ -91,10 +94,17 @@ class Operator:
     controller: Controller
     gatekeeper: Gatekeeper
     observer: TrafficObserver
+    feed: ResourceFeed
     watch_settings: WatchSettings = DEFAULT_WATCH
     roles: RoleKeeper | None = None
     aliases: AliasKeeper | None = None
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    _started: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __copy__(self) -> Operator:
+        # kopf hands each object's handlers copy.copy(memo), kept until that object's DELETED:
+        # one Operator, and nothing kept for an object deleted during a watch gap.
+        return self
 
     @classmethod
     def build(
@@ -103,7 +113,11 @@ class Operator:
         client: KubeClient,
         metrics: Metrics,
         watch_settings: WatchSettings = DEFAULT_WATCH,
+        carried: Iterable[ResourceKind] = (),
     ) -> Operator:
+        """`carried`: the custom resource kinds kopf delivers (`observe`); the others are
+        watched by the operator's own Reflectors (a CRD not served when the process started,
+        which kopf would never watch; every kind, in tests that run without kopf)."""
         cache = Cache(EMBEDDING_SERVICE, CHILD_KINDS, SERVICE_LABEL, EMBEDDING_ALIAS)
         specs = ParsedSpecs()
         recorder = EventRecorder(client)
@@ -118,6 +132,7 @@ class Operator:
             roles=roles,
             metrics=metrics,
             specs=specs,
+            evict=lambda body: operator.evict(body),
         )
         controller = Controller(
             reconciler,
@@ -140,6 +155,19 @@ class Operator:
         )
         observer = TrafficObserver(client, pods, cache, specs)
         metrics.count_api_requests(lambda: dict(client.requests))
+        stores = {EMBEDDING_SERVICE: cache.services, EMBEDDING_ALIAS: cache.aliases}
+        feed = ResourceFeed(
+            client,
+            {kind: stores[kind] for kind in carried},
+            config.namespaces,
+            lambda event: operator.dispatch(event),
+            on_audit=lambda kind: operator.count_relist(kind),
+            page_size=watch_settings.page_size,
+            backoff_seconds=(
+                watch_settings.backoff_initial_seconds,
+                watch_settings.backoff_max_seconds,
+            ),
+        )
         operator = cls(
             config,
             client,
@@ -151,6 +179,7 @@ class Operator:
             controller,
             gatekeeper,
             observer,
+            feed,
             watch_settings,
             roles,
             AliasKeeper(client, cache, recorder, metrics),
@@ -160,8 +189,10 @@ class Operator:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def reflectors(self) -> list[Reflector]:
-        """One per watched kind and namespace (one per kind when watching every namespace)."""
+        """One per kind the operator watches itself, and namespace (one per kind when watching
+        every namespace): the children, and any custom resource kopf does not carry."""
         namespaces: tuple[str | None, ...] = self.config.namespaces or (None,)
+        custom = (self.cache.services, self.cache.aliases)
         return [
             Reflector(
                 self.client,
@@ -169,19 +200,21 @@ class Operator:
                 self.dispatch,
                 namespace,
                 # Every EmbeddingService and alias (they are all names); warmgate's children only.
-                "" if store in (self.cache.services, self.cache.aliases) else MANAGED_SELECTOR,
+                "" if store in custom else MANAGED_SELECTOR,
                 self.watch_settings,
-                on_relist=self._count_relist,
-                # An operator upgraded before the alias CRD was applied still operates.
-                optional=store is self.cache.aliases,
+                on_relist=lambda kind, namespace=namespace: self._relisted(kind, namespace),
+                # An operator started before a CRD was applied still operates.
+                optional=store in custom,
             )
             for store in self.cache.stores()
+            if store.kind not in self.feed.kinds
             for namespace in namespaces
         ]
 
     async def start(self) -> None:
-        """Watch, and once every cache holds its first listing, reconcile: a reconcile before
-        that would take children not listed yet for missing."""
+        """Seed the custom resources kopf carries, list the rest, and once every cache holds
+        its first listing, reconcile: a reconcile before that would take children not listed
+        yet for missing. kopf starts its own watchers only after this returns."""
         self._spawn(self._beat(), "heartbeat")
         reflectors = self.reflectors()
         for reflector in reflectors:
@@ -189,17 +222,40 @@ class Operator:
         if self.config.stats_file:
             path = Path(self.config.stats_file)
             self._spawn(stats.write_forever(path, self.client, self.controller), "stats")
+        await self.feed.seed()
         await asyncio.gather(*(reflector.synced.wait() for reflector in reflectors))
         self.controller.start()
         if self.aliases is not None:
             self.aliases.start()
+        self._started.set()
         log.info(
-            "warmgate operator started: namespaces=%s, default image %s",
+            "warmgate operator started: namespaces=%s, default image %s, kopf carries %s",
             ",".join(self.config.namespaces) or "*",
             self.config.default_image,
+            ", ".join(kind.plural for kind in self.feed.kinds) or "nothing",
         )
 
+    def listed(self) -> bool:
+        """Every watched kind's first listing is in, and reconciling has begun."""
+        return self._started.is_set()
+
+    def observe(self, kind: ResourceKind, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        """An EmbeddingService or alias event, as kopf delivers it (handlers.py)."""
+        self.feed.observe(kind, event_type, obj)
+
+    def evict(self, body: Mapping[str, Any]) -> None:
+        """`body` is held but the apiserver no longer has it (an owner GET found it gone, or
+        replaced by a new object): forget it as if its DELETED had arrived."""
+        if self.cache.services.apply(DELETED, dict(body)):
+            log.info(
+                "%s/%s was deleted while the watch was away: forgotten",
+                body["metadata"].get("namespace"),
+                body["metadata"].get("name"),
+            )
+            self._changed(EMBEDDING_SERVICE, DELETED, body)
+
     async def stop(self) -> None:
+        await self.feed.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -226,8 +282,14 @@ class Operator:
             self.metrics.heartbeat.beat()
             await asyncio.sleep(HEARTBEAT_SECONDS)
 
-    def _count_relist(self, kind: ResourceKind) -> None:
+    def count_relist(self, kind: ResourceKind) -> None:
         self.metrics.relists.labels(resource=kind.plural).inc()
+
+    def _relisted(self, kind: ResourceKind, namespace: str | None) -> None:
+        """An own watch relisted after a gap: the same gap may have hidden the deletion of an
+        EmbeddingService whose namespace kopf's relist found empty (feed.py)."""
+        self.count_relist(kind)
+        self.feed.audit_soon(namespace)
 
     # -- who hears of what ---------------------------------------------------------------------
 

@@ -1,13 +1,16 @@
 """The operator's view of the cluster, in memory: the EmbeddingServices and aliases, and the
-children it owns, each kind held in a warmgate_kube Store that its Reflector fills (a listing,
-then a watch, and an explicit relist after a gap).
+children it owns, each kind held in a warmgate_kube Store. kopf's event handlers fill the
+custom resources' Stores (feed.py, with the seed and audits kopf cannot do); the children's are
+filled by the operator's own Reflectors (a listing, then a watch, and an explicit relist after
+a gap).
 
 Why not kopf's watches for the children: kopf hands each object's events to a worker of its own
 and never tells its handlers where a listing starts or ends, and its in-memory indexes drop an
-object only on a DELETED event. After a watch gap an object deleted meanwhile gets no such
-event: it would stay cached, and an EmbeddingService deleted during the gap would have its
-children created again. Holding every pod of a namespace of 10,000 in kopf's per-object
-workers would also cost what the Store does not.
+object only on a DELETED event. After a watch gap a pod deleted meanwhile gets no such event:
+its gate worker would run on, and a Deployment collected meanwhile would stay cached. For two
+kinds of a few objects each, one audit LIST after each listing closes that (feed.py); for the
+pods of a namespace of 10,000, kopf's per-object workers and the audits would cost what one
+Store and an explicit relist do not.
 """
 
 from __future__ import annotations

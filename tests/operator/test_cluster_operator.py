@@ -29,7 +29,7 @@ from support.cluster import (
 )
 
 from warmgate_devcluster import procs
-from warmgate_devcluster.testkit import audit_writes, describe_audit, wait_until
+from warmgate_devcluster.testkit import READ_VERBS, audit_writes, describe_audit, wait_until
 from warmgate_operator.config import USER_AGENT as OPERATOR_USER_AGENT
 
 pytestmark = pytest.mark.cluster
@@ -151,6 +151,10 @@ def test_apply_creates_owned_children(devcluster: Any, namespace: str, operator:
         "MemoryPressure",
     }
     assert not es["metadata"].get("finalizers"), "the operator must not block deletion"
+    # kopf carries the EmbeddingServices but writes nothing to them: no annotation of its
+    # own (last-handled-configuration, progress) and no status key warmgate does not write.
+    assert not [a for a in es["metadata"].get("annotations") or {} if "kopf" in a]
+    assert "kopf" not in status
 
     # The pods cannot pull their image: a person reading the status is told so.
     def failing() -> dict[str, Any] | None:
@@ -437,12 +441,27 @@ def settled_writes(port: int, op: Any, timeout: float = 90) -> dict[str, int]:
 def test_idle_operator_writes_nothing_and_reads_nothing(
     devcluster: Any, crd: None, namespace: str, tmp_path: Path
 ) -> None:
-    (http_port,) = procs.free_ports(1)
+    http_port, kopf_port = procs.free_ports(2)
+    started = time.time()
     op = OperatorProcess(
         devcluster, tmp_path / "idle.log", "--namespace", namespace,
         "--resync-seconds", RESYNC, "--http-address", f"127.0.0.1:{http_port}",
+        "--kopf-probe-address", f"127.0.0.1:{kopf_port}",
     ).start()  # fmt: skip
     try:
+        # kopf's own liveness endpoint: its probe says the first listings are in.
+        def kopf_probe() -> dict[str, Any] | None:
+            try:
+                url = f"http://127.0.0.1:{kopf_port}/healthz"
+                with urllib.request.urlopen(url, timeout=2) as answer:
+                    return json.loads(answer.read())
+            except OSError:
+                return None
+
+        assert wait_until(kopf_probe, timeout=30, what="kopf's liveness endpoint") == {
+            "listed": True
+        }
+
         # The endpoint of the chart's liveness probe, and of Prometheus.
         def healthy() -> bool:
             try:
@@ -512,11 +531,32 @@ def test_idle_operator_writes_nothing_and_reads_nothing(
         }
         assert audited == [], [describe_audit(event) for event in audited]
         # Reconcile and the resync read the watch cache: no GET or LIST of anything (the
-        # watches themselves renew every few minutes, whatever the number of services).
+        # watches themselves renew every few minutes, whatever the number of services). The
+        # apiserver's record of reads of EmbeddingServices and aliases says the same for kopf,
+        # which carries them, as for the operator's own client (its audits).
         assert reads_after == reads_before
+        read = audit_writes(
+            devcluster.config.audit_log, window_start, window_end, namespace,
+            user_agents=(OPERATOR_USER_AGENT, "kopf/"), verbs=READ_VERBS,
+        )  # fmt: skip
+        assert [e for e in read if e["verb"] != "watch"] == [], [describe_audit(e) for e in read]
         assert changed == {}, f"child writes while idle (before, after): {changed}; why: {why}"
         assert versions() == before
         assert reconciles(http_port) > reconciles_before  # it did look
+        # kopf listed and watched the EmbeddingServices (it carries them) and wrote nothing,
+        # over the whole test.
+        whole = audit_writes(
+            devcluster.config.audit_log, started, time.time(), namespace, user_agents=("kopf/",),
+            verbs=READ_VERBS,
+        )  # fmt: skip
+        assert {(e["verb"], e["objectRef"]["resource"]) for e in whole} >= {
+            ("list", "embeddingservices"),
+            ("watch", "embeddingservices"),
+        }, [describe_audit(e) for e in whole]
+        kopf_writes = audit_writes(
+            devcluster.config.audit_log, started, time.time(), namespace, user_agents=("kopf/",)
+        )
+        assert kopf_writes == [], [describe_audit(e) for e in kopf_writes]
     finally:
         op.stop()
     lines = [line for line in op.log_lines() if "api requests made" in line.get("message", "")]
@@ -595,31 +635,41 @@ def test_a_service_deleted_while_the_watch_was_away_gets_no_children_again(
     devcluster: Any, crd: None, namespace: str, tmp_path: Path
 ) -> None:
     """A real relist: the operator is stopped (SIGSTOP) while the apiserver restarts on a
-    compacted etcd, and an EmbeddingService is deleted meanwhile. When it runs again, its
-    watches cannot go on from where they were (410): it lists again, finds the service gone,
-    and never makes its children again, while the other one is still reconciled."""
+    compacted etcd, and two EmbeddingServices are deleted meanwhile: one beside another that
+    stays, and the only one of a second watched namespace. When the operator runs again its
+    watches cannot go on from where they were (410): kopf lists the services again (the
+    second namespace's listing is empty, and kopf tells nothing of it), the operator's own
+    watches list the children again, and its audits find both services gone. Neither gets
+    its children again, while the one that stays is still reconciled."""
+    lone = f"{namespace}-lone"
+    devcluster.kubectl("create", "namespace", lone)
     (http_port,) = procs.free_ports(1)
     op = OperatorProcess(
-        devcluster, tmp_path / "relist.log", "--namespace", namespace,
+        devcluster, tmp_path / "relist.log", "--namespace", namespace, "--namespace", lone,
         "--resync-seconds", RESYNC, "--http-address", f"127.0.0.1:{http_port}",
     ).start()  # fmt: skip
     try:
         for name in ("kept", "gone"):
             apply(devcluster, namespace, example(name, replicas=0))
-        for name in ("kept", "gone"):
-            wait_child(devcluster, "deployment", namespace, name)
-            wait_status(devcluster, namespace, name)
+        apply(devcluster, lone, example("alone", replicas=0))
+        for where, name in ((namespace, "kept"), (namespace, "gone"), (lone, "alone")):
+            wait_child(devcluster, "deployment", where, name)
+            wait_status(devcluster, where, name)
         assert op.proc is not None
         writes_before = len(write_reasons(op))
         os.kill(op.proc.pid, signal.SIGSTOP)
         try:
             devcluster.restart_apiserver(compact_etcd=True)
             devcluster.kubectl("delete", "emb", "gone", "-n", namespace, "--wait=true")
-            wait_until(
-                lambda: child(devcluster, "deployment", namespace, "gone") is None,
-                timeout=60,
-                what="the garbage collector to delete gone's Deployment",
-            )
+            devcluster.kubectl("delete", "emb", "alone", "-n", lone, "--wait=true")
+            for where, name in ((namespace, "gone"), (lone, "alone")):
+                wait_until(
+                    lambda where=where, name=name: (
+                        child(devcluster, "deployment", where, name) is None
+                    ),
+                    timeout=60,
+                    what=f"the garbage collector to delete {name}'s Deployment",
+                )
         finally:
             os.kill(op.proc.pid, signal.SIGCONT)
 
@@ -631,6 +681,13 @@ def test_a_service_deleted_while_the_watch_was_away_gets_no_children_again(
             )
 
         wait_until(relisted, timeout=60, what="the operator to list again after the 410")
+
+        def audited(where: str) -> bool:
+            said = (line.get("message", "") for line in op.log_lines())
+            return f"embeddingservices in {where}: 1 gone while the watch was away" in said
+
+        for where in (namespace, lone):
+            wait_until(lambda where=where: audited(where), timeout=30, what=f"audit of {where}")
         looked = reconciles(http_port)
         wait_until(
             lambda: reconciles(http_port) >= looked + 3,
@@ -638,12 +695,15 @@ def test_a_service_deleted_while_the_watch_was_away_gets_no_children_again(
             what="three more reconciles (resyncs)",
         )
         assert child(devcluster, "deployment", namespace, "gone") is None
+        assert child(devcluster, "deployment", lone, "alone") is None
         assert child(devcluster, "deployment", namespace, "kept") is not None
         since = write_reasons(op)[writes_before:]
-        assert not [reason for reason in since if "/gone" in reason.split(":")[0]], since
+        ghosts = ("/gone", "/alone")  # their Deployment, Service, ConfigMap (-warmup-profile)
+        assert not [r for r in since if any(g in r.split(":")[0] for g in ghosts)], since
     finally:
         op.stop()
         print("\n".join(op.log_path.read_text(errors="replace").splitlines()[-40:]))
+        devcluster.kubectl("delete", "namespace", lone, "--wait=false", check=False)
 
 
 def alias_body(name: str, service: str) -> dict[str, Any]:

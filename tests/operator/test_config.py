@@ -144,6 +144,10 @@ def test_leader_election_and_http_settings() -> None:
         load_config(["--lease-seconds", "1"], env={})
     with pytest.raises(ConfigError, match="HOST:PORT"):
         load_config(["--http-address", "nowhere"], env={})
+    kopf_probe = load_config([], env={"WARMGATE_OPERATOR_KOPF_PROBE_ADDRESS": "127.0.0.1:8082"})
+    assert kopf_probe.kopf_probe_address == "127.0.0.1:8082"
+    with pytest.raises(ConfigError, match="--kopf-probe-address 'x' must be HOST:PORT"):
+        load_config(["--kopf-probe-address", "x"], env={})
 
 
 def test_leader_election_rules_are_the_lease_only() -> None:

@@ -200,3 +200,145 @@ async def test_an_alias_that_takes_a_services_name_reconciles_that_service() -> 
         await until(lambda: conflict_of(client, "minilm") == ("True", names.REASON_NAME_CONFLICT))
     finally:
         await operator.stop()
+
+
+# -- the custom resources carried by kopf (handlers.py, feed.py) ------------------------------
+# kopf itself is not run here: these tests call `Operator.observe` exactly as its on.event
+# handler does (test_handlers.py pins what kopf delivers; the cluster tests run both).
+
+CARRIED = (EMBEDDING_SERVICE, EMBEDDING_ALIAS)
+
+
+def kopf_listing(operator: Operator, client: WatchableClient, kind: ResourceKind) -> None:
+    """What kopf hands the handler for one listing: type None for each object that exists."""
+    for (k, _, _), obj in list(client.objects.items()):
+        if k == kind.kind:
+            operator.observe(kind, None, copy.deepcopy(obj))
+
+
+def writes_for(client: WatchableClient, name: str) -> list[tuple[str, str, str]]:
+    return [e for e in client.log if e[0] not in ("GET", "LIST", "WATCH") and e[2] == name]
+
+
+async def test_kopf_carries_the_services_and_a_service_gone_during_a_gap_stays_gone() -> None:
+    """kopf's relist after a gap yields only what exists; the audit it triggers finds "gone"
+    missing: its observer stops, it is never reconciled again, and none of its children is
+    made again, while kopf's own watches were never asked to list anything."""
+    client = WatchableClient()
+    kept = new_es(client)
+    gone = copy.deepcopy(kept)
+    gone["metadata"].update(name="gone", uid="uid-gone")
+    client.put(EMBEDDING_SERVICE, gone)
+    metrics = Metrics()
+    config = OperatorConfig(namespaces=("default",), resync_seconds=1)
+    operator = Operator.build(config, client, metrics, FAST, carried=CARRIED)  # type: ignore[arg-type]
+    await operator.start()
+    try:
+        # The seed: both held (and reconciled) before kopf's first event.
+        assert operator.listed()
+        assert sorted(operator.cache.services.keys()) == [
+            ("default", "gone"),
+            ("default", "minilm"),
+        ]
+        assert "embeddingservices" not in client.expiring  # no own watch of a carried kind
+        await until(lambda: client.find(DEPLOYMENT, "default", "gone") is not None)
+        kopf_listing(operator, client, EMBEDDING_SERVICE)  # kopf's first listing: one audit
+        await until(lambda: operator.feed.audits == 2)  # one LIST per carried kind
+        assert operator.cache.services.get("default", "gone") is not None
+
+        for key in [key for key in client.objects if key[2].startswith("gone")]:
+            del client.objects[key]
+        kopf_listing(operator, client, EMBEDDING_SERVICE)  # the relist after a 410
+        await until(lambda: operator.cache.services.get("default", "gone") is None)
+        client.log.clear()
+        reconciles = operator.controller.reconciles
+        await until(lambda: operator.controller.reconciles >= reconciles + 2, seconds=5)
+    finally:
+        await operator.stop()
+    assert not writes_for(client, "gone"), client.log
+    assert client.find(DEPLOYMENT, "default", "gone") is None
+    assert operator.controller.keys == [("default", "minilm")]
+    assert operator.feed.audits == 4
+    assert (
+        metrics.value("warmgate_operator_watch_relists_total", {"resource": "embeddingservices"})
+        == 2
+    )
+
+
+async def test_the_only_service_of_a_namespace_gone_during_a_gap_is_found_by_a_child_relist() -> (
+    None
+):
+    """kopf's relist of an empty namespace delivers nothing at all; the pods' own watch, which
+    the same gap expired, triggers the audit that finds the service gone."""
+    client = WatchableClient()
+    new_es(client)
+    client.put(POD, gated_pod("minilm"))
+    metrics = Metrics()
+    config = OperatorConfig(namespaces=("default",), resync_seconds=1)
+    operator = Operator.build(config, client, metrics, FAST, carried=CARRIED)  # type: ignore[arg-type]
+    await operator.start()
+    try:
+        await until(lambda: client.find(DEPLOYMENT, "default", "minilm") is not None)
+        await until(lambda: operator.gatekeeper.active == 1)
+        client.objects.clear()  # deleted, and its children collected, while nobody watched
+        client.expire(POD)  # kopf says nothing: its listing is empty
+        await until(lambda: operator.cache.services.get("default", "minilm") is None)
+        await until(lambda: operator.gatekeeper.active == 0)
+        client.log.clear()
+        reconciles = operator.controller.reconciles
+        await asyncio.sleep(1.5)  # a resync's length: it would reconcile "minilm" if still held
+    finally:
+        await operator.stop()
+    assert operator.controller.reconciles == reconciles
+    assert not writes_for(client, "minilm"), client.log
+    assert operator.controller.keys == []
+
+
+async def test_a_ghost_service_is_evicted_by_the_owner_read_before_any_create() -> None:
+    """The one case no listing reveals: a service held, gone from the apiserver, its children
+    missing. The reconcile reads the owner before creating anything, finds it gone, forgets it
+    and writes nothing."""
+    client = WatchableClient()
+    new_es(client)
+    config = OperatorConfig(namespaces=("default",), resync_seconds=600)
+    operator = Operator.build(config, client, Metrics(), FAST, carried=CARRIED)  # type: ignore[arg-type]
+    await operator.start()
+    try:
+        await until(lambda: client.find(DEPLOYMENT, "default", "minilm") is not None)
+        client.objects.clear()
+        for store in operator.cache.children.values():  # their DELETED events came
+            for obj in store:
+                store.apply("DELETED", obj)
+        client.log.clear()
+        operator.controller.enqueue(("default", "minilm"))
+        await until(lambda: operator.cache.services.get("default", "minilm") is None)
+        await until(lambda: operator.controller.keys == [])
+    finally:
+        await operator.stop()
+    assert client.log == [("GET", "EmbeddingService", "minilm")]
+
+
+async def test_a_late_deleted_of_an_old_object_leaves_the_new_one_of_its_name() -> None:
+    """kopf runs each object's events on a worker of its own, in no order across objects: the
+    DELETED of an old "minilm" may come after the ADDED of the new one."""
+    client = WatchableClient()
+    old = new_es(client)
+    config = OperatorConfig(namespaces=("default",), resync_seconds=600)
+    operator = Operator.build(config, client, Metrics(), FAST, carried=CARRIED)  # type: ignore[arg-type]
+    await operator.start()
+    try:
+        new = copy.deepcopy(old)
+        new["metadata"].update(uid="uid-new", resourceVersion="999")
+        operator.observe(EMBEDDING_SERVICE, "ADDED", new)
+        operator.observe(EMBEDDING_SERVICE, "DELETED", old)
+        assert operator.cache.services.get("default", "minilm")["metadata"]["uid"] == "uid-new"
+        assert operator.controller.keys == [("default", "minilm")]
+    finally:
+        await operator.stop()
+
+
+def test_kopf_gets_the_operator_itself_for_every_object() -> None:
+    """kopf hands each object's handlers copy.copy(memo) and keeps it until a DELETED: the same
+    Operator, and nothing that leaks for an object deleted during a gap."""
+    operator = Operator.build(OperatorConfig(), WatchableClient(), Metrics(), carried=CARRIED)  # type: ignore[arg-type]
+    assert copy.copy(operator) is operator
