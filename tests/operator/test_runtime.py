@@ -342,3 +342,25 @@ def test_kopf_gets_the_operator_itself_for_every_object() -> None:
     Operator, and nothing that leaks for an object deleted during a gap."""
     operator = Operator.build(OperatorConfig(), WatchableClient(), Metrics(), carried=CARRIED)  # type: ignore[arg-type]
     assert copy.copy(operator) is operator
+
+
+async def test_an_alias_kind_kopf_does_not_carry_is_watched_by_the_operator_itself() -> None:
+    """The alias CRD was not served when the process started (kopf would never watch it): kopf
+    carries the services only, and the operator's own Reflector lists the aliases."""
+    client = WatchableClient()
+    new_es(client)
+    client.put(
+        EMBEDDING_ALIAS,
+        {"metadata": {"name": "search", "namespace": "default", "generation": 1},
+         "spec": {"service": "minilm"}},
+    )  # fmt: skip
+    config = OperatorConfig(namespaces=("default",), resync_seconds=60)
+    operator = Operator.build(config, client, Metrics(), FAST, carried=(EMBEDDING_SERVICE,))  # type: ignore[arg-type]
+    await operator.start()
+    try:
+        assert operator.feed.kinds == (EMBEDDING_SERVICE,)
+        assert "embeddingaliases" in client.selectors  # listed by its own Reflector
+        assert "embeddingservices" not in client.expiring  # watched by kopf, not here
+        await until(lambda: condition_reason(client, "search") == names.REASON_RESOLVED)
+    finally:
+        await operator.stop()
