@@ -2,9 +2,9 @@
 its blocked layout (the inner layer's GELU fused), or MKL (torch's `F.linear`) on the plain
 weights, whichever this CPU runs faster, measured at load on the model's own matrices.
 
-Neither always wins. On an AMD EPYC with AVX-512 oneDNN's fp32 kernels are 2.2x MKL's; on an
-AVX2 EPYC MKL is 10-15% faster for a batch's row counts (a few hundred tokens and up) and oneDNN
-27% faster for a lone short input (docs/benchmarks.md). So at load the first layer's four
+Neither always wins: on an AMD EPYC with AVX-512 oneDNN's fp32 kernels are well ahead of MKL's;
+on an AVX2 EPYC MKL is ahead for a batch's row counts (a few hundred tokens and up) and oneDNN
+for a lone short input (the figures: docs/benchmarks.md). So at load the first layer's four
 matrices are timed both ways at SMALL_ROWS and LARGE_ROWS tokens, on the model thread's own
 thread count, interleaved, medians. Each row count takes the faster kernel (oneDNN unless MKL is
 at least TIE faster: the choice should not flap with noise). When they differ and the linear
@@ -15,10 +15,10 @@ kernel serves every pass (throughput decides capacity). The server's `--linear o
 
 bfloat16 on a CPU is chosen the same way, between oneDNN on reordered weights and torch's own
 `F.linear` (named `aten`: it is not MKL in bfloat16), where oneDNN has bfloat16 kernels for
-this CPU (AVX512_BF16, AMX or AVX2 with VNNI-style emulation: torch says which). On the Zen 4
-EPYC (AVX512_BF16) the reordered bfloat16 matrices run at 1.95x fp32 oneDNN's rate at 42 and
-256 tokens on one thread, and 1.3x `F.linear`'s at 42 (docs/benchmarks.md). GPUs and float16
-run `F.linear` (cuBLAS).
+this CPU (AVX512_BF16, AMX or AVX2 with VNNI-style emulation: torch says which). On a Zen 4
+EPYC (AVX512_BF16) the reordered bfloat16 matrices beat both fp32 oneDNN and bfloat16
+`F.linear` (the figures: docs/benchmarks.md, "bfloat16 on the CPU"). GPUs and float16 run
+`F.linear` (cuBLAS).
 """
 
 from __future__ import annotations
