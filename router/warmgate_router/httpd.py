@@ -9,6 +9,11 @@ per request on this (request and response objects, a stream reader, signals, a m
 request), which on a small node is taken from the model servers beside the router
 (docs/benchmarks.md, the router section).
 
+The framing is llhttp's (httptools' HttpRequestParser, strict): what it refuses (two
+Content-Lengths, Content-Length with Transfer-Encoding, a chunk size or Content-Length that is
+not plain digits, CR, LF or NUL in a header value, obs-fold, ...) is answered 400 like any
+malformed request, after the requests before it, and nothing after it is read (docs/router.md).
+
 What a server owes its clients besides:
 - a malformed request gets a 400 (a head too long 431, a body over the limit 413, an unknown
   transfer coding 501) with a JSON error that says what is wrong, and the connection closes
@@ -32,13 +37,15 @@ import http
 import logging
 import re
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import unquote
 
+import httptools
 import orjson
 
-from .upstream import MAX_HEAD_BYTES, dechunk
+from .upstream import MAX_HEAD_BYTES
 
 log = logging.getLogger("warmgate.router")
 
@@ -46,6 +53,8 @@ MAX_HEADERS = 128
 KEEPALIVE_SECONDS = 75.0  # aiohttp's and nginx's default
 SWEEP_SECONDS = 5.0
 LINGER_SECONDS = 2.0
+MAX_QUEUED = 32  # pipelined requests read ahead of their answers
+_HEAD_TOO_LONG = f"the request's head is longer than {MAX_HEAD_BYTES} bytes"
 
 
 class Headers:
@@ -265,20 +274,35 @@ class Server:
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: requests read and answered one at a time, in order."""
+    """One client connection: requests read and answered one at a time, in order.
+
+    llhttp (httptools) frames the requests as they come; each whole one (or the error that
+    ended the connection's framing) waits in `queue` until the ones before it are answered."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        self.parser = httptools.HttpRequestParser(self)
+        self.queue: deque[Request | HttpError] = deque()
         self.busy = False
         self.idle_since = time.monotonic()
-        self._head: tuple[str, str, str, dict[str, str]] | None = None
-        self._framing = 0  # 0: no body, >0: Content-Length, -1: chunked
-        self._chunks: list[bytes] = []
-        self._continued = False
+        self._backlog = 0  # bytes read while busy, until the queue is empty again
         self._paused = False
         self._lingering = False
+        self._ended = False  # llhttp stopped (an error, an upgrade): nothing more is parsed
+        self._error: HttpError | None = None  # raised by a callback, answered for llhttp's
+        # The request being read.
+        self._in_message = False
+        self._in_head = False
+        self._head_bytes = 0
+        self._head_seen = 0
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self._size = 0
+        self._framing = 0  # 0: no body, >0: Content-Length, -1: chunked
+        self._expect = False
+        self._continued = False
 
     # -- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -286,15 +310,35 @@ class _Connection(asyncio.Protocol):
         self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering:
+        if self._lingering or self._ended:
             return  # after an error answer: read and dropped until the client closes
-        self.buffer += data
         if not self.busy:
             self.idle_since = time.monotonic()  # a request on its way: not idle
-        else:
-            # Pipelined, or the next request before this answer: read on (a hang-up must
-            # be seen), but stop reading when a request's worth is waiting.
-            if len(self.buffer) > self.server.max_body + MAX_HEAD_BYTES and not self._paused:
+        in_head = self._in_head
+        try:
+            self.parser.feed_data(data)
+            if self._in_head:
+                # llhttp keeps a header line until its end: bound what a head may hold.
+                if in_head:
+                    self._head_seen += len(data)
+                if self._head_seen > MAX_HEAD_BYTES:
+                    raise HttpError(431, _HEAD_TOO_LONG)
+        except HttpError as error:
+            self._end(error)
+        except httptools.HttpParserUpgrade:
+            # A request with `Connection: upgrade` (whole, queued; answered, never upgraded)
+            # or CONNECT (refused by its target): llhttp reads nothing after it.
+            self._end(self._error)
+        except httptools.HttpParserError as error:
+            self._end(self._error or self._refusal(error))
+        if self.busy:
+            # Pipelined, or the next request before this answer: read on (a hang-up must be
+            # seen), but stop reading when a request's worth is waiting.
+            self._backlog += len(data)
+            if (
+                self._backlog > self.server.max_body + MAX_HEAD_BYTES
+                or len(self.queue) >= MAX_QUEUED
+            ) and not self._paused:
                 self._paused = True
                 assert self.transport is not None
                 self.transport.pause_reading()
@@ -311,25 +355,157 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    # -- llhttp's callbacks ---------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._in_message = True
+        self._in_head = True
+        self._head_bytes = 0
+        self._head_seen = 0
+        self._url = b""
+        self._headers = {}
+        self._body = []
+        self._size = 0
+        self._framing = 0
+        self._expect = False
+        self._continued = False
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._head_bytes += len(url)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._raise(HttpError(431, _HEAD_TOO_LONG))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._raise(HttpError(431, _HEAD_TOO_LONG))
+        headers = self._headers
+        if len(headers) >= MAX_HEADERS:
+            self._raise(HttpError(431, f"more than {MAX_HEADERS} header lines"))
+        lower = name.decode("latin-1").lower()
+        text = value.decode("latin-1").strip(" \t")
+        if lower in headers:
+            if lower == "host":
+                if headers[lower] != text:
+                    self._raise(HttpError(400, "two different Host headers"))
+                return
+            headers[lower] += ", " + text
+        else:
+            headers[lower] = text
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        version = self.parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            if version == "0.9":  # llhttp's reading of a request line with no version
+                self._raise(HttpError(400, "bad request line: no HTTP version"))
+            self._raise(HttpError(505, f"bad version HTTP/{version}"))
+        if not self._url.startswith(b"/"):
+            target = self._url[:80].decode("latin-1")
+            self._raise(HttpError(400, f"request target {target!r} is not a path"))
+        headers = self._headers
+        coding = headers.get("transfer-encoding")
+        if coding is not None:
+            if coding.lower() != "chunked":
+                self._raise(
+                    HttpError(501, f"Transfer-Encoding {coding[:40]!r}: only chunked is served")
+                )
+            self._framing = -1
+        else:
+            length = headers.get("content-length")
+            if length is not None:
+                # llhttp took it: one header, ASCII digits only.
+                size = int(length)
+                if size > self.server.max_body:
+                    self._raise(
+                        HttpError(
+                            413,
+                            f"the request body ({size} bytes) is over {self.server.max_body} bytes",
+                        )
+                    )
+                self._framing = size
+        self._expect = self._framing != 0 and headers.get("expect", "").lower() == "100-continue"
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > self.server.max_body:
+            self._raise(HttpError(413, f"the request body is over {self.server.max_body} bytes"))
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body = []
+        path, _, query = self._url.decode("latin-1").partition("?")
+        method = self.parser.get_method().decode("latin-1")
+        version = "HTTP/" + self.parser.get_http_version()
+        self.queue.append(
+            Request(method, unquote(path), query, version, Headers(self._headers), body, self)
+        )
+
+    def _raise(self, error: HttpError) -> NoReturn:
+        self._error = error
+        raise error
+
+    def _refusal(self, error: httptools.HttpParserError) -> HttpError:
+        """What llhttp refused, said in the words of the request's parts."""
+        reason = (
+            str(error.__context__ or error)
+            if isinstance(error, httptools.HttpParserCallbackError)
+            else str(error)
+        )
+        if isinstance(error, httptools.HttpParserInvalidMethodError):
+            return HttpError(400, f"bad request line: {reason}")
+        if isinstance(error, httptools.HttpParserInvalidURLError):
+            return HttpError(400, f"bad request line: the target is not a URL ({reason})")
+        if reason == "Duplicate Content-Length":
+            return HttpError(400, "two different Content-Length headers, or one repeated")
+        if "Content-Length can't be present" in reason:
+            return HttpError(400, "both Transfer-Encoding and Content-Length")
+        if "Content-Length" in reason:
+            return HttpError(400, f"the Content-Length is not a number of ASCII digits ({reason})")
+        if "Transfer-Encoding" in reason:
+            return HttpError(400, f"the Transfer-Encoding is malformed ({reason})")
+        if not self._in_head and self._in_message:
+            return HttpError(400, f"the chunked body is malformed: {reason}")
+        if self._url and ("header" in reason or "after start line" in reason):
+            return HttpError(400, f"bad header line: {reason}")
+        return HttpError(400, f"bad request line: {reason}")
+
     # -- requests -------------------------------------------------------------------------
+    def _end(self, error: HttpError | None) -> None:
+        """llhttp stops here: the requests before are answered, then this error (or, with
+        none, the connection closes after them)."""
+        self._ended = True
+        self._error = None
+        self._in_message = False
+        if error is not None:
+            self.queue.append(error)
+
     def _next(self) -> None:
-        try:
-            request = self._parse()
-        except HttpError as error:
-            self.busy = True
-            self._write(_error(error.status, error.message), head_only=False, close=True)
+        if not self.queue:
+            self._backlog = 0
+            if self._ended:
+                self.busy = True
+                self.close()
+            else:
+                self._continue()
             return
-        if request is None:
-            return
+        item = self.queue.popleft()
         self.busy = True
-        keep_alive = _keep_alive(request)
-        task = asyncio.get_running_loop().create_task(self._handle(request, keep_alive))
+        if isinstance(item, HttpError):
+            self._write(_error(item.status, item.message), head_only=False, close=True)
+            return
+        keep_alive = _keep_alive(item)
+        task = asyncio.get_running_loop().create_task(self._handle(item, keep_alive))
         self.server.handling.add(task)
         task.add_done_callback(self.server.handling.discard)
 
     async def _handle(self, request: Request, keep_alive: bool) -> None:
         response = await self.server.dispatch(request)
         close = not keep_alive or response.close or self.server.closing or self.server.draining()
+        if self._ended and not self.queue:
+            close = True  # llhttp read nothing after this request
         self._write(
             response,
             head_only=request.method == "HEAD",
@@ -343,8 +519,7 @@ class _Connection(asyncio.Protocol):
         if self._paused and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
-        if self.buffer:
-            self._next()
+        self._next()
 
     def _write(
         self, response: Response, *, head_only: bool, close: bool, http10: bool = False
@@ -367,7 +542,7 @@ class _Connection(asyncio.Protocol):
         transport.write(head if head_only or not body else head + body)
         if not close:
             return
-        if not self.buffer and response.status < 400:
+        if not self._in_message and not self.queue and response.status < 400:
             transport.close()
             return
         # The client may still be sending (a body refused unread, pipelined requests): closing
@@ -375,7 +550,7 @@ class _Connection(asyncio.Protocol):
         # before the client reads it. So: end our side, drop what comes, close at the
         # client's end or after LINGER_SECONDS (nginx's lingering close).
         self._lingering = True
-        self.buffer.clear()
+        self.queue.clear()
         if self._paused:
             self._paused = False
             transport.resume_reading()
@@ -383,109 +558,18 @@ class _Connection(asyncio.Protocol):
             transport.write_eof()
         asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.close)
 
-    def _parse(self) -> Request | None:
-        buffer = self.buffer
-        if self._head is None:
-            # Blank lines before a request line are allowed (RFC 9112, 2.2).
-            while buffer[:2] == b"\r\n":
-                del buffer[:2]
-            end = buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buffer) > MAX_HEAD_BYTES:
-                    raise HttpError(
-                        431, f"the request's head is longer than {MAX_HEAD_BYTES} bytes"
-                    )
-                return None
-            if end > MAX_HEAD_BYTES:
-                raise HttpError(431, f"the request's head is longer than {MAX_HEAD_BYTES} bytes")
-            self._head = _parse_head(bytes(buffer[:end]))
-            del buffer[: end + 4]
-            headers = self._head[3]
-            self._framing, self._continued = _framing(headers, self.server.max_body)
-            self._chunks = []
-        if self._framing > 0 and len(buffer) < self._framing:
-            self._continue()
-            return None
-        if self._framing == -1:
-            try:
-                done = dechunk(buffer, self._chunks)
-            except ValueError as error:
-                raise HttpError(400, f"the chunked body is malformed: {error}") from None
-            if sum(len(c) for c in self._chunks) > self.server.max_body:
-                raise HttpError(413, f"the request body is over {self.server.max_body} bytes")
-            if not done:
-                self._continue()
-                return None
-            body = b"".join(self._chunks)
-            self._chunks = []
-        elif self._framing > 0:
-            body = bytes(buffer[: self._framing])
-            del buffer[: self._framing]
-        else:
-            body = b""
-        method, target, version, headers = self._head
-        self._head = None
-        path, _, query = target.partition("?")
-        return Request(method, unquote(path), query, version, Headers(headers), body, self)
-
     def _continue(self) -> None:
-        """`Expect: 100-continue`: the client waits for this before it sends the body."""
-        if not self._continued and self.transport is not None:
+        """`Expect: 100-continue`: the client waits for this before it sends the body; sent
+        once the request is the next to answer and its body has not come whole."""
+        if (
+            self._expect
+            and not self._continued
+            and self._in_message
+            and not self._in_head
+            and self.transport is not None
+        ):
             self._continued = True
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-
-def _parse_head(raw: bytes) -> tuple[str, str, str, dict[str, str]]:
-    lines = raw.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[0].isalpha() or not parts[0].isupper():
-        raise HttpError(400, f"bad request line {lines[0][:80]!r}")
-    method, target, version = parts
-    if version not in ("HTTP/1.1", "HTTP/1.0"):
-        raise HttpError(
-            505 if version.startswith("HTTP/") else 400, f"bad version {version[:20]!r}"
-        )
-    if not target.startswith("/"):
-        raise HttpError(400, f"request target {target[:80]!r} is not a path")
-    if len(lines) - 1 > MAX_HEADERS:
-        raise HttpError(431, f"more than {MAX_HEADERS} header lines")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip() or " " in name:
-            raise HttpError(400, f"bad header line {line[:80]!r}")
-        lower = name.lower()
-        value = value.strip()
-        if lower in headers:
-            if lower in ("content-length", "host") and headers[lower] != value:
-                raise HttpError(400, f"two different {name} headers")
-            if lower not in ("content-length", "host"):
-                headers[lower] += ", " + value
-        else:
-            headers[lower] = value
-    return method, target, version, headers
-
-
-def _framing(headers: dict[str, str], max_body: int) -> tuple[int, bool]:
-    """(framing, continued): Content-Length n > 0, chunked -1, no body 0; continued is False
-    when the client waits for `100 Continue` before its body."""
-    coding = headers.get("transfer-encoding")
-    length = headers.get("content-length")
-    continued = headers.get("expect", "").lower() != "100-continue"
-    if coding is not None:
-        if length is not None:
-            raise HttpError(400, "both Transfer-Encoding and Content-Length")
-        if coding.lower() != "chunked":
-            raise HttpError(501, f"Transfer-Encoding {coding[:40]!r}: only chunked is served")
-        return -1, continued
-    if length is None:
-        return 0, True
-    if not length.isdigit():
-        raise HttpError(400, f"Content-Length {length[:40]!r} is not a number")
-    size = int(length)
-    if size > max_body:
-        raise HttpError(413, f"the request body ({size} bytes) is over {max_body} bytes")
-    return size, continued if size else True
 
 
 def _keep_alive(request: Request) -> bool:

@@ -50,7 +50,7 @@ from .hold import (
 from .httpd import Request, Response, Routes, Server
 from .metrics import CONTENT_TYPE, Metrics
 from .refusals import Refused, json_answer, openai_error, tei_error
-from .upstream import Failed, NotSent, Upstream
+from .upstream import Failed, NotSent, Upstream, field_value_ok
 from .view import Key, View, replicas, scale_to_zero
 from .waking import Waker
 
@@ -62,6 +62,24 @@ PASSED_HEADERS = ("content-type", "content-encoding", "server-timing", "retry-af
 # Headers of the client's request the pod gets (the body is the client's, unchanged in kind).
 FORWARDED_HEADERS = ("Accept", "Accept-Encoding")
 TEI_ROUTES = ("embed", "embed_all", "tokenize", "decode", "similarity", "embeddings", "invocations")
+
+
+def forwarded_headers(request: Request) -> dict[str, str]:
+    """The client's headers a pod gets (Content-Type, FORWARDED_HEADERS), each checked, never
+    copied raw: a value with anything but visible ASCII, spaces and tabs is refused."""
+    headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+    for header in FORWARDED_HEADERS:
+        if header in request.headers:
+            headers[header] = request.headers[header]
+    for header, value in headers.items():
+        if not field_value_ok(value):
+            raise Refused(
+                400,
+                f"the {header} header {value[:40]!r} has characters other than visible ASCII, "
+                "spaces and tabs",
+                "invalid_header",
+            )
+    return headers
 
 
 def _expected(plan: Hold, elapsed: float = 0.0) -> str:
@@ -249,12 +267,9 @@ class Router:
         plan: Hold | None = None  # how long to hold it, once it has to be
         held = 0.0
         tried: set[str] = set()
-        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
-        for header in FORWARDED_HEADERS:
-            if header in request.headers:
-                headers[header] = request.headers[header]
         code = 500
         try:
+            headers = forwarded_headers(request)
             while True:
                 endpoints = self.view.ready(key)
                 if not endpoints:

@@ -2,8 +2,9 @@
 
 The router sends one kind of request (a small POST or GET with a known body) and reads whole
 answers, so this is all of HTTP/1.1's client side it needs: the request written in one call,
-the answer's head parsed once, its body framed by Content-Length, chunked encoding or the end of
-the connection. aiohttp's ClientSession did the same with about twice the CPU per request
+the answer framed by llhttp (httptools' HttpResponseParser, strict) by Content-Length, chunked
+encoding or the end of the connection; the headers sent are checked (`field_value_ok`).
+aiohttp's ClientSession did the same with about twice the CPU per request
 (timers, a stream reader, a response object and a multidict per answer), which on a small node
 is taken from the model servers next to the router (docs/benchmarks.md, the router section).
 
@@ -21,11 +22,22 @@ framed by the end of the connection, closes it after reading.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass, field
 
+import httptools
+
 MAX_HEAD_BYTES = 64 * 1024
-CRLF = b"\r\n"
+# A field value sent to a pod: visible ASCII, spaces and tabs (RFC 9110, 5.5, less obs-text).
+FIELD_VALUE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*|")
+FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def field_value_ok(value: str) -> bool:
+    """A header value that may be sent to a pod as it is: visible ASCII, spaces and tabs,
+    nothing that could end the line or the head (CR, LF, NUL) or be read two ways."""
+    return value.isascii() and (value.isprintable() or bool(FIELD_VALUE.fullmatch(value)))
 
 
 class NotSent(Exception):
@@ -47,50 +59,73 @@ class _Malformed(Exception):
     pass
 
 
-# Body framings
-_LENGTH, _CHUNKED, _UNTIL_CLOSE = 1, 2, 3
+class _Extra(Exception):
+    """Bytes after the whole answer: a second answer to one request."""
 
 
 class _Connection(asyncio.Protocol):
-    """One connection to a pod, carrying one request at a time."""
+    """One connection to a pod, carrying one request at a time; llhttp (httptools) frames
+    each answer."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        self.parser: httptools.HttpResponseParser | None = None
         self.waiter: asyncio.Future[Answer] | None = None
         self.idle_since = 0.0
         self.keep_alive = True
-        self._answer: Answer | None = None
-        self._framing = 0
-        self._length = 0
+        self._answer: Answer | None = None  # the answer being read (None between answers)
+        self._done: Answer | None = None  # the whole answer
+        self._in_head = False
+        self._head_seen = 0
+        self._until_close = False
         self._chunks: list[bytes] = []
+        self._error: _Malformed | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if self.waiter is None or self.waiter.done():
+        waiter = self.waiter
+        if waiter is None or waiter.done() or self.parser is None:
             # Bytes nobody asked for: the connection's framing is lost, never reuse it.
             self.close()
             return
-        self.buffer += data
         try:
-            answer = self._parse()
+            in_head = self._in_head
+            self.parser.feed_data(data)
+            if self._in_head:
+                # llhttp keeps a header line until its end: bound what a head may hold.
+                if in_head:
+                    self._head_seen += len(data)
+                if self._head_seen > MAX_HEAD_BYTES:
+                    raise _Malformed(f"a head longer than {MAX_HEAD_BYTES} bytes")
         except _Malformed as error:
-            self._fail(Failed(f"the pod's answer is not valid HTTP/1.1: {error}"))
-            self.close()
+            self._malformed(str(error))
             return
-        if answer is not None:
-            if self.buffer:  # more than one answer to one request
-                self.keep_alive = False
-            self.waiter.set_result(answer)
+        except httptools.HttpParserCallbackError:
+            if self._error is not None:
+                self._malformed(str(self._error))
+                return
+            self.keep_alive = False  # _Extra: more than one answer to one request
+        except httptools.HttpParserUpgrade:
+            self.keep_alive = False  # a 101 or the like: nothing after it is HTTP
+        except httptools.HttpParserError as error:
+            self._malformed(str(error))
+            return
+        if self._done is not None:
+            answer, self._done = self._done, None
+            waiter.set_result(answer)
 
     def eof_received(self) -> bool:
-        if self._framing == _UNTIL_CLOSE and self.waiter is not None and not self.waiter.done():
-            assert self._answer is not None
-            self._answer.body = bytes(self.buffer)
-            self.buffer.clear()
+        if (
+            self._until_close
+            and self._answer is not None
+            and self.waiter is not None
+            and not self.waiter.done()
+        ):
+            self._answer.body = b"".join(self._chunks)
+            self._chunks = []
             self.keep_alive = False
             self.waiter.set_result(self._answer)
         else:
@@ -101,12 +136,68 @@ class _Connection(asyncio.Protocol):
         reason = f": {exc}" if exc else ""
         self._fail(Failed(f"the connection to the pod was lost before its answer{reason}"))
 
+    # -- llhttp's callbacks ---------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self._done is not None:
+            raise _Extra
+        self._answer = Answer(0)
+        self._in_head = True
+        self._head_seen = 0
+        self._chunks = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        assert self._answer is not None
+        self._answer.headers.append((name.decode("latin-1"), value.decode("latin-1").strip(" \t")))
+
+    def on_headers_complete(self) -> None:
+        assert self._answer is not None and self.parser is not None
+        self._in_head = False
+        answer = self._answer
+        answer.status = self.parser.get_status_code()
+        if answer.status < 200:
+            return  # informational (100 Continue, 103 Early Hints): the answer follows
+        length = coding = None
+        connection = ""
+        for name, value in answer.headers:
+            lower = name.lower()
+            if lower == "content-length":
+                length = value
+            elif lower == "transfer-encoding":
+                coding = value
+            elif lower == "connection":
+                connection = value.lower()
+        if coding is not None and coding.lower().rsplit(",", 1)[-1].strip() != "chunked":
+            self._error = _Malformed(f"Transfer-Encoding {coding[:40]!r}")
+            raise self._error
+        version = self.parser.get_http_version()
+        self.keep_alive = (
+            "close" not in connection if version == "1.1" else "keep-alive" in connection
+        )
+        if coding is None and length is None and answer.status not in (204, 304):
+            self._until_close = True  # framed by the end of the connection
+            self.keep_alive = False
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        answer = self._answer
+        assert answer is not None
+        self._answer = None
+        if answer.status < 200:
+            return
+        answer.body = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks = []
+        self._done = answer
+
     # -- requests -------------------------------------------------------------------------
     def send(self, head: bytes, body: bytes | None) -> asyncio.Future[Answer]:
         assert self.transport is not None
         self.waiter = asyncio.get_running_loop().create_future()
-        self._answer = None
-        self._framing = 0
+        self.parser = httptools.HttpResponseParser(self)
+        self._answer = self._done = self._error = None
+        self._in_head = self._until_close = False
+        self._head_seen = 0
         self._chunks = []
         self.transport.write(head + body if body else head)
         return self.waiter
@@ -114,136 +205,23 @@ class _Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         return (
             self.keep_alive
+            and self._answer is None
             and self.transport is not None
             and not self.transport.is_closing()
-            and not self.buffer
         )
 
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
 
+    def _malformed(self, reason: str) -> None:
+        self.keep_alive = False
+        self._fail(Failed(f"the pod's answer is not valid HTTP/1.1: {reason}"))
+        self.close()
+
     def _fail(self, error: Exception) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(error)
-
-    # -- parsing --------------------------------------------------------------------------
-    def _parse(self) -> Answer | None:
-        while self._answer is None:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self.buffer) > MAX_HEAD_BYTES:
-                    raise _Malformed(f"a head longer than {MAX_HEAD_BYTES} bytes")
-                return None
-            answer = self._head(bytes(self.buffer[:end]))
-            del self.buffer[: end + 4]
-            if 100 <= answer.status < 200:
-                continue  # informational (100 Continue, 103 Early Hints): the answer follows
-            self._answer = answer
-        buffer = self.buffer
-        if self._framing == _LENGTH:
-            if len(buffer) < self._length:
-                return None
-            self._answer.body = bytes(buffer[: self._length])
-            del buffer[: self._length]
-        elif self._framing == _CHUNKED:
-            if not self._dechunk():
-                return None
-        elif self._framing == _UNTIL_CLOSE:
-            return None  # eof_received ends it
-        answer, self._answer = self._answer, None
-        return answer
-
-    def _head(self, raw: bytes) -> Answer:
-        lines = raw.decode("latin-1").split("\r\n")
-        version, _, rest = lines[0].partition(" ")
-        code = rest[:3]
-        if not version.startswith("HTTP/1.") or not code.isdigit():
-            raise _Malformed(f"status line {lines[0][:80]!r}")
-        answer = Answer(int(code))
-        length: str | None = None
-        chunked = False
-        connection = ""
-        for line in lines[1:]:
-            name, colon, value = line.partition(":")
-            if not colon or not name or name != name.strip():
-                raise _Malformed(f"header line {line[:80]!r}")
-            value = value.strip()
-            lower = name.lower()
-            if lower == "content-length":
-                if length is not None and length != value:
-                    raise _Malformed("two different Content-Length headers")
-                length = value
-            elif lower == "transfer-encoding":
-                chunked = value.lower().rsplit(",", 1)[-1].strip() == "chunked"
-                if not chunked:
-                    raise _Malformed(f"Transfer-Encoding {value!r}")
-            elif lower == "connection":
-                connection = value.lower()
-            answer.headers.append((name, value))
-        self.keep_alive = (
-            "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
-        )
-        if answer.status < 200:
-            return answer
-        if answer.status in (204, 304):
-            self._framing, self._length = _LENGTH, 0
-        elif chunked:
-            self._framing = _CHUNKED
-        elif length is not None:
-            if not length.isdigit():
-                raise _Malformed(f"Content-Length {length!r}")
-            self._framing, self._length = _LENGTH, int(length)
-        else:
-            self._framing = _UNTIL_CLOSE
-            self.keep_alive = False
-        return answer
-
-    def _dechunk(self) -> bool:
-        """Move whole chunks from the buffer to the body; True at the last chunk's end."""
-        try:
-            done = dechunk(self.buffer, self._chunks)
-        except ValueError as error:
-            raise _Malformed(str(error)) from None
-        if done:
-            assert self._answer is not None
-            self._answer.body = b"".join(self._chunks)
-            self._chunks = []
-        return done
-
-
-def dechunk(buffer: bytearray, chunks: list[bytes]) -> bool:
-    """Chunked transfer coding: move whole chunks from the front of `buffer` to `chunks`; True
-    once the last chunk and its trailers are consumed; ValueError when it is not that coding."""
-    while True:
-        end = buffer.find(CRLF)
-        if end < 0:
-            if len(buffer) > MAX_HEAD_BYTES:
-                raise ValueError("a chunk size line too long")
-            return False
-        size_text = bytes(buffer[:end]).split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise ValueError(f"chunk size {size_text[:20]!r}") from None
-        if size < 0:
-            raise ValueError(f"chunk size {size_text[:20]!r}")
-        if size == 0:
-            # Trailers, then an empty line.
-            trailer_end = buffer.find(b"\r\n\r\n", end)
-            if buffer[end : end + 4] == b"\r\n\r\n":
-                trailer_end = end
-            elif trailer_end < 0:
-                return False
-            del buffer[: trailer_end + 4]
-            return True
-        start = end + 2
-        if len(buffer) < start + size + 2:
-            return False
-        if buffer[start + size : start + size + 2] != CRLF:
-            raise ValueError("a chunk not followed by CRLF")
-        chunks.append(bytes(buffer[start : start + size]))
-        del buffer[: start + size + 2]
 
 
 class Upstream:
@@ -272,6 +250,9 @@ class Upstream:
         connection = self._take(host, port, started)
         if connection is None:
             connection = await self._connect(loop, host, port, connect_timeout)
+        for name, value in headers.items():
+            if not FIELD_NAME.fullmatch(name) or not field_value_ok(value):
+                raise ValueError(f"header {name!r}: {value[:40]!r} is not a field to send")
         authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         lines = [f"{method} {path} HTTP/1.1", f"Host: {authority}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]

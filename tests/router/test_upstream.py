@@ -8,9 +8,15 @@ import asyncio
 import socket
 from collections.abc import Awaitable, Callable
 
+import orjson
 import pytest
 
+from warmgate_contract.names import API_VERSION
+from warmgate_router.config import RouterConfig
+from warmgate_router.metrics import Metrics
+from warmgate_router.proxy import Router, build_server
 from warmgate_router.upstream import Failed, NotSent, Upstream
+from warmgate_router.view import ALIASES, SERVICES, SLICES, View
 
 Reply = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -249,3 +255,88 @@ async def test_idle_connections_past_keepalive_are_closed(pods):
     assert pod.connections == 2
     assert upstream.idle_connections() == 1
     upstream.close()
+
+
+# -- a pod's malformed framing, through the real router: 502, the connection dropped --------
+
+
+async def start_router(pod_port: int):
+    """The router's own server (build_server) with one service, `docs`, whose one pod is on
+    `pod_port`."""
+    view = View()
+    router = Router(RouterConfig(), view, None, Metrics())
+    router.synced.set()
+    created = "2026-01-01T00:00:00Z"
+    view.on_listing(
+        SERVICES,
+        "team",
+        [
+            {
+                "apiVersion": API_VERSION,
+                "kind": "EmbeddingService",
+                "metadata": {"namespace": "team", "name": "docs", "creationTimestamp": created},
+                "spec": {"model": {"id": "m"}, "replicas": 1},
+            }
+        ],
+    )
+    view.on_listing(ALIASES, "team", [])
+    view.on_listing(
+        SLICES,
+        "team",
+        [
+            {
+                "metadata": {
+                    "namespace": "team",
+                    "name": "docs-a",
+                    "labels": {"kubernetes.io/service-name": "docs"},
+                },
+                "ports": [{"name": "http", "port": pod_port}],
+                "endpoints": [
+                    {
+                        "addresses": ["127.0.0.1"],
+                        "conditions": {"ready": True, "serving": True, "terminating": False},
+                        "targetRef": {"kind": "Pod", "name": "docs-pod"},
+                    }
+                ],
+            }
+        ],
+    )
+    server = build_server(router)
+    return router, server, await server.start("127.0.0.1", 0)
+
+
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+MALFORMED_ANSWERS = {
+    "chunk size 0x2": CHUNKED + b"0x2\r\n[]\r\n0\r\n\r\n",
+    "chunk size +2": CHUNKED + b"+2\r\n[]\r\n0\r\n\r\n",
+    "two Content-Lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n[]",
+    "a bare LF in a header": b"HTTP/1.1 200 OK\r\nX-A: a\nX-B: b\r\nContent-Length: 2\r\n\r\n[]",
+    "a NUL in a header": b"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\nContent-Length: 2\r\n\r\n[]",
+    "Content-Length: 0x2": b"HTTP/1.1 200 OK\r\nContent-Length: 0x2\r\n\r\n[]",
+    "Transfer-Encoding: gzip": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n[]",
+    "no status line": b"SSH-2.0-OpenSSH\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("answer", list(MALFORMED_ANSWERS.values()), ids=list(MALFORMED_ANSWERS))
+async def test_a_pod_answering_with_malformed_framing_gets_the_client_a_502(pods, answer):
+    pod, pod_port = await pods(fixed(answer))
+    router, server, port = await start_router(pod_port)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        body = b'{"inputs": "a"}'
+        writer.write(
+            b"POST /embed HTTP/1.1\r\nHost: r\r\nX-Warmgate-Model: docs\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        error = orjson.loads(await asyncio.wait_for(reader.readexactly(length), 5))
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 502 ")
+        assert "not valid HTTP/1.1" in error["error"], error
+        assert len(pod.requests) == 1  # sent once, never again
+        assert router.upstream.idle_connections() == 0  # the pod's connection was dropped
+    finally:
+        await server.shutdown(seconds=2)
+        await router.close()
