@@ -71,6 +71,7 @@ WHEELHOUSE_REQUIREMENTS = (
     "onnxruntime",
     "kopf",
     "kubernetes",
+    "httptools",
     "PyYAML",
 )
 _IGNORED_PARTS = {"__pycache__", ".pytest_cache", ".ruff_cache"}
