@@ -68,6 +68,7 @@ ACROSS_MODULES = {
     "server/test_requests.py",  # routes.py and schemas.py on one shared warm app (test_routes.py)
     "server/test_input_edges.py",  # pre.py's Tokenization on every tokenizer family (tokenizer.py)
     "server/test_out_of_memory.py",  # a CUDA OOM (faults.py) through warming.py and the scheduler
+    "server/test_http_fuzz.py",  # raw bytes and any JSON over loopback: routes, schemas, aiohttp
 }
 
 

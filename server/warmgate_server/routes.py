@@ -59,6 +59,11 @@ async def count_requests(request: web.Request, handler: Handler) -> web.StreamRe
     except web.HTTPException as exc:
         status = exc.status
         raise
+    except asyncio.CancelledError:
+        # The client went away and aiohttp cancelled its handler: no answer was written, and it
+        # is no server fault (nginx's 499, "client closed request"), so not counted as a 500.
+        status = 499
+        raise
     finally:
         resource = request.match_info.route.resource
         endpoint = resource.canonical if resource is not None else "unmatched"
@@ -220,6 +225,12 @@ async def _read_json(request: web.Request, limit: int) -> object:
             raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
+    except web.RequestPayloadError as exc:
+        # aiohttp could not decode the body: bytes that are not in the Content-Encoding
+        # (gzip, deflate) the request names. The client's fault, so a 400, not a 500.
+        reason = getattr(exc.__cause__, "message", None) or str(exc)
+        message = f"the body cannot be read: {reason}"
+        raise Refused(400, message, "validation", "invalid_body") from None
     except TimeoutError:
         # The rest of the body is still on its way: this connection cannot carry another.
         request[CLOSE_AFTER] = True
