@@ -28,7 +28,7 @@ from aiohttp import web
 
 log = logging.getLogger(__name__)
 
-CLOSE_AFTER = "warmgate.close_after"
+CLOSE_AFTER = web.RequestKey("warmgate.close_after", bool)
 """A request key: its response closes the connection (say, a body that never fully came)."""
 
 IDLE_CLOSE_S = 1.0
