@@ -11,12 +11,30 @@ import sys
 import time
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from .app import create_app, drain
 from .config import ConfigError, ServerConfig, parse_config
 from .context import RUNTIME
 
 log = logging.getLogger("warmgate_server")
+
+
+class MalformedRequests(logging.Filter):
+    """aiohttp logs each request it cannot parse (two Content-Lengths, a bad chunk size, ...)
+    at ERROR with a traceback of its own parser: the client's fault, already answered 400, and
+    a client sending many would flood the log. This makes each one a WARNING line that says
+    who sent it and what was wrong."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError) and error.code < 500:
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg = "malformed request from %s answered %d: %s"
+            record.args = (remote, error.code, " ".join(str(error.message).split())[:200])
+            record.exc_info = record.exc_text = None
+        return True
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -100,6 +118,7 @@ def run(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("aiohttp.server").addFilter(MalformedRequests())
     try:
         return asyncio.run(serve(config))
     except OSError as exc:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -76,6 +77,20 @@ def test_lifecycle_probes_cold_hits_and_sigterm_drain(minilm_dir: Path) -> None:
         assert "HTTP warmup" not in server.log()  # no request of it failed
         status, profile = server.get_json("/warmup/profile")
         assert status == 200 and profile == {"shapes": []}
+        # A request aiohttp cannot parse (two Content-Lengths) is answered 400 and logged as one
+        # WARNING line naming the fault, not as an ERROR with aiohttp's parser traceback.
+        with socket.create_connection((server.host, server.port), timeout=5) as sock:
+            sock.sendall(
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+                b"Content-Length: 2\r\n\r\nab"
+            )
+            assert re.match(rb"HTTP/1\.[01] 400 ", sock.recv(64))
+        line = "WARNING aiohttp.server: malformed request from 127.0.0.1 answered 400: Duplicate"
+        deadline = time.monotonic() + 10
+        while line not in server.log():
+            assert time.monotonic() < deadline, server.log()[-2000:]
+            time.sleep(0.05)
+        assert "Error handling request" not in server.log()
         with urllib.request.urlopen(server.url + "/metrics", timeout=5) as response:
             exposition = response.read().decode()
         # (The 503 answered to this test's request while loading is counted: it was traffic.)
