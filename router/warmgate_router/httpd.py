@@ -300,7 +300,6 @@ class _Connection(asyncio.Protocol):
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._size = 0
-        self._framing = 0  # 0: no body, >0: Content-Length, -1: chunked
         self._expect = False
         self._continued = False
 
@@ -365,7 +364,6 @@ class _Connection(asyncio.Protocol):
         self._headers = {}
         self._body = []
         self._size = 0
-        self._framing = 0
         self._expect = False
         self._continued = False
 
@@ -404,13 +402,14 @@ class _Connection(asyncio.Protocol):
             target = self._url[:80].decode("latin-1")
             self._raise(HttpError(400, f"request target {target!r} is not a path"))
         headers = self._headers
+        has_body = False
         coding = headers.get("transfer-encoding")
         if coding is not None:
             if coding.lower() != "chunked":
                 self._raise(
                     HttpError(501, f"Transfer-Encoding {coding[:40]!r}: only chunked is served")
                 )
-            self._framing = -1
+            has_body = True
         else:
             length = headers.get("content-length")
             if length is not None:
@@ -423,8 +422,8 @@ class _Connection(asyncio.Protocol):
                             f"the request body ({size} bytes) is over {self.server.max_body} bytes",
                         )
                     )
-                self._framing = size
-        self._expect = self._framing != 0 and headers.get("expect", "").lower() == "100-continue"
+                has_body = size > 0
+        self._expect = has_body and headers.get("expect", "").lower() == "100-continue"
 
     def on_body(self, body: bytes) -> None:
         self._size += len(body)

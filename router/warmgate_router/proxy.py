@@ -50,7 +50,7 @@ from .hold import (
 from .httpd import Request, Response, Routes, Server
 from .metrics import CONTENT_TYPE, Metrics
 from .refusals import Refused, json_answer, openai_error, tei_error
-from .upstream import Failed, NotSent, Upstream, field_value_ok
+from .upstream import Failed, NotSent, Upstream
 from .view import Key, View, replicas, scale_to_zero
 from .waking import Waker
 
@@ -64,6 +64,12 @@ FORWARDED_HEADERS = ("Accept", "Accept-Encoding")
 TEI_ROUTES = ("embed", "embed_all", "tokenize", "decode", "similarity", "embeddings", "invocations")
 
 
+def _field_value_ok(value: str) -> bool:
+    """Visible ASCII, spaces and tabs (RFC 9110, 5.5, less obs-text): nothing that could end
+    the line or the head (CR, LF, NUL) or be read two ways."""
+    return value.isascii() and value.replace("\t", " ").isprintable()
+
+
 def forwarded_headers(request: Request) -> dict[str, str]:
     """The client's headers a pod gets (Content-Type, FORWARDED_HEADERS), each checked, never
     copied raw: a value with anything but visible ASCII, spaces and tabs is refused."""
@@ -72,7 +78,7 @@ def forwarded_headers(request: Request) -> dict[str, str]:
         if header in request.headers:
             headers[header] = request.headers[header]
     for header, value in headers.items():
-        if not field_value_ok(value):
+        if not _field_value_ok(value):
             raise Refused(
                 400,
                 f"the {header} header {value[:40]!r} has characters other than visible ASCII, "
