@@ -39,6 +39,11 @@ def _uid(obj: Mapping[str, Any]) -> str | None:
     return obj["metadata"].get("uid")
 
 
+def _stamp(obj: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(uid, resourceVersion): which object, at which version."""
+    return _uid(obj), obj["metadata"].get("resourceVersion")
+
+
 def resource_version(obj: Mapping[str, Any]) -> int | None:
     """The resourceVersion as a number (etcd's revision), None when it is not one."""
     try:
@@ -123,33 +128,28 @@ class Store:
         """(uid, resourceVersion) of each object held in `namespace` (all with None): what an
         audit compares a listing with (`prune`)."""
         return {
-            key: (_uid(obj), obj["metadata"].get("resourceVersion"))
+            key: _stamp(obj)
             for key, obj in self._objects.items()
             if namespace is None or key[0] == namespace
         }
 
     def prune(
         self,
-        namespace: str | None,
         objects: Iterable[Mapping[str, Any]],
         held: Mapping[Key, tuple[str | None, str | None]],
     ) -> list[dict[str, Any]]:
-        """Drop what was `held` (versions() before the listing was asked for) that the listing
-        `objects` of `namespace` lacks, or has with another uid, and return it. An object whose
-        version changed since `held` was taken is left alone: an event newer than the snapshot
-        speaks for it. Nothing listed is put in: that is for the events that follow."""
+        """Drop what was `held` (versions() of the listing's namespace, taken before the listing
+        was asked for) that the listing `objects` lacks, or has with another uid, and return
+        it. An object whose version changed since `held` was taken is left alone: an event
+        newer than the snapshot speaks for it. Nothing listed is put in: that is for the events
+        that follow."""
         listed = {key_of(obj): _uid(obj) for obj in objects}
         gone = []
-        for key, (uid, version) in held.items():
-            if namespace is not None and key[0] != namespace:
-                continue
+        for key, snapshot in held.items():
             current = self._objects.get(key)
-            if current is None or (_uid(current), current["metadata"].get("resourceVersion")) != (
-                uid,
-                version,
-            ):
+            if current is None or _stamp(current) != snapshot:
                 continue
-            if listed.get(key, "") != uid:
+            if listed.get(key, "") != snapshot[0]:
                 gone.append(current)
                 self._drop(key)
         return gone
@@ -221,6 +221,21 @@ class WatchSettings:
     page_size: int = 500
 
 
+def backoff(settings: WatchSettings) -> Iterator[float]:
+    """The waits between failed calls: doubling from the first to the longest."""
+    delay = settings.backoff_initial_seconds
+    while True:
+        yield delay
+        delay = min(delay * 2, settings.backoff_max_seconds)
+
+
+def with_kind(kind: ResourceKind, obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` with its apiVersion and kind: a listing's items carry none, a watch event's do."""
+    obj.setdefault("apiVersion", kind.api_version)
+    obj.setdefault("kind", kind.kind)
+    return obj
+
+
 class Reflector:
     """Lists one kind (in one namespace, or in all), then watches it from the listing's
     resource version into `store`, telling `sink` of every listing and change. A watch that
@@ -279,9 +294,8 @@ class Reflector:
                 await asyncio.sleep(next(backoff))
                 continue
             backoff = self._backoff()
-            for obj in objects:  # a listing's items carry no kind, a watch event's objects do
-                obj.setdefault("apiVersion", self.kind.api_version)
-                obj.setdefault("kind", self.kind.kind)
+            for obj in objects:
+                with_kind(self.kind, obj)
             relist = self.synced.is_set()
             gone = self._store.replace(self._namespace, objects)
             if relist:
@@ -340,7 +354,4 @@ class Reflector:
                 await asyncio.sleep(next(backoff))
 
     def _backoff(self) -> Iterator[float]:
-        delay = self._settings.backoff_initial_seconds
-        while True:
-            yield delay
-            delay = min(delay * 2, self._settings.backoff_max_seconds)
+        return backoff(self._settings)

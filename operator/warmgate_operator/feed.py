@@ -33,20 +33,24 @@ import aiohttp
 
 from warmgate_kube.client import ApiError, KubeClient
 from warmgate_kube.kinds import ResourceKind
-from warmgate_kube.watch import ADDED, DELETED, MODIFIED, Change, Listing, Sink, Store
+from warmgate_kube.watch import (
+    ADDED,
+    DELETED,
+    MODIFIED,
+    Change,
+    Listing,
+    Sink,
+    Store,
+    WatchSettings,
+    backoff,
+    with_kind,
+)
 
 log = logging.getLogger("warmgate.operator")
 
 AUDIT_DELAY_SECONDS = 0.5
 """How long an audit waits after the first sign of a listing: the rest of that listing (one
 event per object) folds into the same audit."""
-
-
-def _with_kind(kind: ResourceKind, obj: dict[str, Any]) -> dict[str, Any]:
-    # A listing's items carry no kind; a watch event's objects do.
-    obj.setdefault("apiVersion", kind.api_version)
-    obj.setdefault("kind", kind.kind)
-    return obj
 
 
 class ResourceFeed:
@@ -59,8 +63,7 @@ class ResourceFeed:
         namespaces: tuple[str, ...],
         sink: Sink,
         on_audit: Callable[[ResourceKind], None] = lambda kind: None,
-        page_size: int = 500,
-        backoff_seconds: tuple[float, float] = (1.0, 30.0),
+        settings: WatchSettings = WatchSettings(),  # noqa: B008 (frozen)
         audit_delay: float = AUDIT_DELAY_SECONDS,
     ) -> None:
         self._client = client
@@ -68,8 +71,7 @@ class ResourceFeed:
         self._scopes: tuple[str | None, ...] = namespaces or (None,)
         self._sink = sink
         self._on_audit = on_audit
-        self._page_size = page_size
-        self._backoff = backoff_seconds
+        self._settings = settings
         self._audit_delay = audit_delay
         self._seeded = False
         self._pending: dict[str | None, asyncio.Task[None]] = {}
@@ -99,7 +101,7 @@ class ResourceFeed:
         store = self._stores.get(kind)
         if store is None:
             return
-        obj = _with_kind(kind, dict(obj))
+        obj = with_kind(kind, dict(obj))
         if event_type is None:
             if store.apply(ADDED, obj):
                 namespace = obj["metadata"].get("namespace")
@@ -146,7 +148,7 @@ class ResourceFeed:
         for kind, store in self._stores.items():
             held = store.versions(scope)
             objects = await self._list_until_answered(kind, scope)
-            gone = store.prune(scope, objects, held)
+            gone = store.prune(objects, held)
             self.audits += 1
             self._on_audit(kind)
             if gone:
@@ -159,12 +161,11 @@ class ResourceFeed:
     async def _list_until_answered(
         self, kind: ResourceKind, scope: str | None
     ) -> list[dict[str, Any]]:
-        delay, longest = self._backoff
+        waits = backoff(self._settings)
         while True:
             try:
-                objects, _ = await self._client.list(kind, scope, "", self._page_size)
-                return [_with_kind(kind, obj) for obj in objects]
+                objects, _ = await self._client.list(kind, scope, "", self._settings.page_size)
+                return [with_kind(kind, obj) for obj in objects]
             except (ApiError, aiohttp.ClientError, TimeoutError, OSError, ValueError) as error:
                 log.warning("listing %s in %s failed: %s", kind.plural, scope or "*", error)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, longest)
+                await asyncio.sleep(next(waits))

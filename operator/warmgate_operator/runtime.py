@@ -162,11 +162,7 @@ class Operator:
             config.namespaces,
             lambda event: operator.dispatch(event),
             on_audit=lambda kind: operator.count_relist(kind),
-            page_size=watch_settings.page_size,
-            backoff_seconds=(
-                watch_settings.backoff_initial_seconds,
-                watch_settings.backoff_max_seconds,
-            ),
+            settings=watch_settings,
         )
         operator = cls(
             config,

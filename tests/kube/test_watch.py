@@ -262,7 +262,7 @@ def test_an_audit_prunes_only_what_it_saw_held_and_no_event_touched_since() -> N
     assert set(held) == {("ns", "a"), ("ns", "b"), ("ns", "c")}
     store.apply("MODIFIED", pod("b", 5))  # an event during the listing
     listed = [pod("c", 3, uid="uid-c2"), pod("e", 6)]  # c was replaced; e is new, not held
-    gone = store.prune("ns", listed, held)
+    gone = store.prune(listed, held)
     assert sorted(obj["metadata"]["name"] for obj in gone) == ["a", "c"]
     assert names(store) == ["b", "d"]
     assert store.labelled("ns", "minilm")[0]["metadata"]["name"] == "b"
