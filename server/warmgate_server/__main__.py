@@ -24,11 +24,16 @@ class MalformedRequests(logging.Filter):
     """aiohttp logs each request it cannot parse (two Content-Lengths, a bad chunk size, ...)
     at ERROR with a traceback of its own parser: the client's fault, already answered 400, and
     a client sending many would flood the log. This makes each one a WARNING line that says
-    who sent it and what was wrong."""
+    who sent it and what was wrong. What aiohttp logs lower (a first line that is not HTTP at
+    all, at DEBUG) stays as it is."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        if isinstance(error, HttpProcessingError) and error.code < 500:
+        if (
+            record.levelno >= logging.ERROR
+            and isinstance(error, HttpProcessingError)
+            and error.code < 500
+        ):
             remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.msg = "malformed request from %s answered %d: %s"

@@ -227,7 +227,9 @@ async def _read_json(request: web.Request, limit: int) -> object:
         raise too_large from None
     except web.RequestPayloadError as exc:
         # aiohttp could not decode the body: bytes that are not in the Content-Encoding
-        # (gzip, deflate) the request names. The client's fault, so a 400, not a 500.
+        # (gzip, deflate) the request names. The client's fault, so a 400, not a 500; the rest
+        # of the body cannot be read either, so this connection carries no other request.
+        request[CLOSE_AFTER] = True
         reason = getattr(exc.__cause__, "message", None) or str(exc)
         message = f"the body cannot be read: {reason}"
         raise Refused(400, message, "validation", "invalid_body") from None
