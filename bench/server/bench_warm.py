@@ -9,7 +9,10 @@ this checkout's venv:
 - `before`: the same server at an earlier commit (`--baseline`, default 5a8f42c: each shape
   repeated until its latency settled, up to 12 runs or 8 s, on every worker, then alone),
   checked out with `git worktree` into a temporary folder, removed afterwards;
-- `no-warmup`: this checkout's server with `--no-warmup`.
+- `no-warmup`: this checkout's server with `--no-warmup`;
+- `restart`: this checkout's server started a second time with the `--warm-state` folder its
+  first start filled (the weights' digest and the linear kernels measured at load kept), as a
+  restarted container or the next pod on a shared claim starts.
 
 Each runs at its defaults but `--forward-timeout 600` (one pass of 32 x 256 of the e5-base
 shape takes about 30 s on one core here, the default timeout). Each is timed from its start to
@@ -34,9 +37,11 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -123,10 +128,12 @@ async def first_and_steady(
     return results
 
 
-def run_server(folder: Path, checkout: Path, warmup: bool) -> tuple[ServerProcess, dict]:
+def run_server(
+    folder: Path, checkout: Path, warmup: bool, extra: tuple[str, ...] = ()
+) -> tuple[ServerProcess, dict]:
     env = {"PYTHONPATH": f"{checkout / 'server'}{os.pathsep}{checkout / 'contract'}"}
     args = ["--model", str(folder), "--device", "cpu", "--warmup" if warmup else "--no-warmup",
-            "--forward-timeout", "600"]  # fmt: skip
+            "--forward-timeout", "600", *extra]  # fmt: skip
     server = ServerProcess(args, env=env)
     started = time.monotonic()
     server.start()
@@ -135,7 +142,13 @@ def run_server(folder: Path, checkout: Path, warmup: bool) -> tuple[ServerProces
 
 
 def measure(name: str, variant: str, folder: Path, checkout: Path, args) -> dict[str, Any]:
-    server, found = run_server(folder, checkout, variant != "no-warmup")
+    extra: tuple[str, ...] = ()
+    if variant == "restart":  # a first start fills the warm state, the second is timed
+        state = tempfile.mkdtemp(prefix="warmgate-warm-state-")
+        extra = ("--warm-state", state)
+        primer, _ = run_server(folder, checkout, True, extra)
+        primer.kill()
+    server, found = run_server(folder, checkout, variant != "no-warmup", extra)
     try:
         report = found.pop("report")
         ids = special_ids(folder)
@@ -151,6 +164,8 @@ def measure(name: str, variant: str, folder: Path, checkout: Path, args) -> dict
         )
     finally:
         server.kill()
+        if extra:
+            shutil.rmtree(extra[1], ignore_errors=True)
     found["p1_exact"] = max(item["ratio"] for item in found["exact"])
     found["p1_unseen"] = max(item["ratio"] for item in found["unseen"])
     print(json.dumps({"model": name, "variant": variant, **found}), flush=True)

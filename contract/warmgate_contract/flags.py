@@ -243,6 +243,14 @@ FLAGS: tuple[Flag, ...] = (
         "a folder that keeps the --backend onnxruntime export across restarts (none: no cache)",
     ),
     Flag(
+        "--warm-state",
+        "warm_state",
+        str,
+        None,
+        "a folder that keeps what a restart reuses: the weight files' sha256 and the linear "
+        "kernels measured at load (none: read and measure again)",
+    ),
+    Flag(
         "--cuda-graphs",
         "cuda_graphs",
         str,

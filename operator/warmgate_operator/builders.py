@@ -54,6 +54,9 @@ MODELS_DIR = "/var/lib/warmgate/models"
 HF_CACHE_DIR = f"{CACHE_DIR}/huggingface"
 HF_CLAIM_DIR = "/var/lib/warmgate/huggingface"
 COMPILE_CACHE_DIR = f"{CACHE_DIR}/compiled"
+WARM_STATE_DIR = f"{CACHE_DIR}/warm-state"
+"""What a restart reuses instead of reading or measuring it again (the server's --warm-state): in
+the cache emptyDir, or on a claim mounted there to share it with the next pods of the model."""
 """Where --backend onnxruntime keeps its export: in the cache emptyDir, or on a claim a user
 mounts there (spec.volumeMounts) to share it between pods and rollouts of the same model."""
 
@@ -248,6 +251,9 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
             # The export kept in the pod's cache emptyDir: a restarted container (killed, or
             # restarted by its liveness probe) opens it instead of exporting again.
             "compile_cache": COMPILE_CACHE_DIR if spec.runtime.backend == "onnxruntime" else None,
+            # What a restarted container reuses (the weights' digest, the linear kernels
+            # measured at load), in the same emptyDir: warm_state.py.
+            "warm_state": WARM_STATE_DIR,
             "tokenization_workers": spec.runtime.tokenization_workers,
             "max_batch_size": batching.max_batch_size,
             "max_client_batch_size": batching.max_client_batch_size,

@@ -130,6 +130,9 @@ class ServerConfig:
     """A folder where --backend onnxruntime keeps its export under a key of the weights, the
     model's configuration and the library versions, so a restart with the same model and image
     opens it instead of exporting (ort.py); None: export at every start."""
+    warm_state: str | None = DEFAULTS["warm_state"]
+    """A folder of what a restart reuses instead of reading or measuring it again (warm_state.py:
+    the weight files' sha256, the linear kernels measured at load); None: nothing kept."""
     default_prompt_name: str | None = DEFAULTS["default_prompt_name"]
     """Which of the model's prompts (config_sentence_transformers.json) goes before every
     input (None: the folder's default_prompt_name, if any)."""

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .head import Head
     from .models import PackedEncoder
     from .tokenizer import Tokenizer
+    from .warm_state import WarmState
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +134,12 @@ def _pick_dtype(requested: str, device: torch.device, model_type: str | None = N
     return getattr(torch, requested)
 
 
-def load_model(config: ServerConfig, source: ModelSource | None = None) -> LoadedModel:
+def load_model(
+    config: ServerConfig, source: ModelSource | None = None, state: WarmState | None = None
+) -> LoadedModel:
     """Load and place the model from `source` (located from the flags when not given, never
-    downloading then). Slow: call it in the model thread.
+    downloading then). Slow: call it in the model thread. `state`: what an earlier start
+    measured (warm_state.py; the linear kernels).
 
     With --packing auto or on, a BERT-family, Qwen3 or EmbeddingGemma model is loaded straight
     from its folder into warmgate's own encoders (models/bert.py, models/decoder.py)
@@ -167,7 +171,7 @@ def load_model(config: ServerConfig, source: ModelSource | None = None) -> Loade
     if any(item.startswith("tokenizer_config.json") for item in custom):
         raise _custom_code_refused(config, custom, "the tokenizer is the folder's own code")
     tokenizer = _load_tokenizer(config, path)
-    packed, why_not = _load_packed(config, path, device, dtype, folder.model_type)
+    packed, why_not = _load_packed(config, path, device, dtype, folder.model_type, state)
     model = None
     if packed is None:
         if config.packing == "on":
@@ -268,6 +272,7 @@ def _load_packed(
     device: torch.device,
     dtype: torch.dtype,
     model_type: str | None,
+    state: WarmState | None = None,
 ) -> tuple[PackedEncoder | None, str]:
     """(the padding-free encoder, "") or (None, why not)."""
     if config.packing == "off":
@@ -278,7 +283,7 @@ def _load_packed(
     from .models.packing import CheckpointMismatch
 
     try:
-        return packed_pass(path, dtype, device, model_type, config.linear), ""
+        return packed_pass(path, dtype, device, model_type, config.linear, state), ""
     except CheckpointMismatch as exc:
         raise ModelLoadError(
             f"--model {config.model}: {exc} (the padding-free pass of {model_type}); "

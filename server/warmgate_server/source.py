@@ -19,8 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from .warm_state import WarmState
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +49,9 @@ class ModelSource:
     folder: Path
     commit: str | None
     """The hub commit the files are from; None for a plain folder."""
-    digest: str
-    """sha256 over the weight files (each by its content's sha256)."""
+    digest: str | None
+    """sha256 over the weight files (each by its content's sha256); None until read (the server
+    reads it beside the load: locate(digest=False))."""
 
 
 def _file_sha256(path: Path) -> str:
@@ -71,12 +76,14 @@ def weight_files(folder: Path) -> list[tuple[str, Path]]:
     return found
 
 
-def weights_digest(folder: Path) -> str:
+def weights_digest(folder: Path, state: WarmState | None = None) -> str:
     """`sha256:<hex>` over every weight file's name and content hash, so two servers that report
-    the same digest run the same weights whatever the files are called in their caches."""
+    the same digest run the same weights whatever the files are called in their caches. `state`:
+    each file's hash as a restart before this one read it (warm_state.py)."""
     digest = hashlib.sha256()
     for relative, path in weight_files(folder):
-        digest.update(f"{relative}\0{_file_sha256(path)}\n".encode())
+        content = state.file_sha256(path, _file_sha256) if state else _file_sha256(path)
+        digest.update(f"{relative}\0{content}\n".encode())
     return f"sha256:{digest.hexdigest()}"
 
 
@@ -159,17 +166,23 @@ def needs_download(model: str, revision: str) -> bool:
 
 
 def locate(
-    model: str, revision: str, progress: Progress | None = None, *, download: bool = True
+    model: str,
+    revision: str,
+    progress: Progress | None = None,
+    *,
+    download: bool = True,
+    digest: bool = True,
 ) -> ModelSource:
     """The model's files: a local folder as it is, a hub id from the cache or (unless
-    `download` is False or HF_HUB_OFFLINE is set) downloaded. Slow: call it off the event loop.
-    ModelLoadError says what is missing."""
+    `download` is False or HF_HUB_OFFLINE is set) downloaded; their digest unless `digest` is
+    False (None then: the caller reads it). Slow: call it off the event loop. ModelLoadError
+    says what is missing."""
     folder = Path(model).expanduser()
     if folder.is_dir():
         if not (folder / "config.json").is_file():
             raise ModelLoadError(f"--model {model}: the folder has no config.json (not a model)")
         folder = folder.resolve()
-        return ModelSource(folder, None, weights_digest(folder))
+        return ModelSource(folder, None, weights_digest(folder) if digest else None)
     if model.startswith(("/", ".", "~")) or model.count("/") > 1:
         raise ModelLoadError(f"--model {model}: no such folder")
     from huggingface_hub.constants import HF_HUB_OFFLINE
@@ -192,4 +205,4 @@ def locate(
                 f"--model {model} at revision {revision!r}: cannot download it from {endpoint} "
                 f"({type(exc).__name__}: {exc})"
             ) from None
-    return ModelSource(snapshot, snapshot.name, weights_digest(snapshot))
+    return ModelSource(snapshot, snapshot.name, weights_digest(snapshot) if digest else None)

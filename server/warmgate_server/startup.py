@@ -8,6 +8,7 @@ import asyncio
 import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -25,7 +26,8 @@ from .memory import ProcessProbe
 from .preflight import check_loading_fits
 from .schemas import EmbedRequest, dumps, openai_response
 from .settle import SettleRule
-from .source import ModelSource, locate, needs_download, weights_bytes
+from .source import ModelSource, locate, needs_download, weights_bytes, weights_digest
+from .warm_state import WarmState
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,26 @@ async def _load(runtime: Runtime) -> LoadedModel:
     check_loading_fits(
         ProcessProbe().limit(), weights_bytes(source.folder), Path(config.runtime_memory)
     )
-    return await loop.run_in_executor(runtime.model_threads[0], load_model, config, source)
+    state = WarmState(Path(config.warm_state) if config.warm_state else None)
+    # The weights' digest (a GiB a second, one core) is read beside the load, which leaves the
+    # other cores idle; a restart takes it from the warm state.
+    digest = loop.run_in_executor(None, weights_digest, source.folder, state)
+    try:
+        loaded = await loop.run_in_executor(
+            runtime.model_threads[0], load_model, config, source, state
+        )
+    except BaseException:
+        digest.cancel()
+        raise
+    loaded.source = replace(source, digest=await digest)
+    if state.folder is not None:
+        log.info(
+            "warm state %s: reused %d file digests and %d kernel measurements of an earlier start",
+            state.folder,
+            state.hits["sha256"],
+            state.hits["linear"],
+        )
+    return loaded
 
 
 def _start_threads(runtime: Runtime, threads: ThreadPlan) -> None:
@@ -178,7 +199,7 @@ def _locate(config: ServerConfig, lifecycle: Lifecycle, loop) -> ModelSource:
     """In the model thread: find the files, downloading them first when the cache lacks the
     revision; the phase says `downloading` and the report counts the bytes meanwhile."""
     if not needs_download(config.model, config.model_revision):
-        return locate(config.model, config.model_revision, download=False)
+        return locate(config.model, config.model_revision, download=False, digest=False)
 
     def begin() -> None:
         if lifecycle.phase == LOADING:
@@ -191,7 +212,7 @@ def _locate(config: ServerConfig, lifecycle: Lifecycle, loop) -> ModelSource:
 
     loop.call_soon_threadsafe(begin)
     log.info("downloading %s at %s", config.model, config.model_revision)
-    return locate(config.model, config.model_revision, progress)
+    return locate(config.model, config.model_revision, progress, digest=False)
 
 
 async def _warm_serving_path(engine: Engine) -> None:

@@ -187,6 +187,7 @@ def test_server_flags_follow_the_contract() -> None:
         "--forward-timeout=30",
         "--fault-threshold=3",
         "--fault-restart-seconds=30",
+        "--warm-state=/var/cache/warmgate/warm-state",
     ]
 
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from .linear import Kernels
+    from .linear import Kept, Kernels
 
 
 class PackedEncoder(Protocol):
@@ -50,6 +50,7 @@ def packed_pass(
     device: torch.device | str,
     model_type: str | None,
     linear_kernel: str = "auto",
+    kept: Kept | None = None,
 ) -> PackedEncoder:
     """warmgate's padding-free pass for the model in `path` whose config.json names
     `model_type`: PackedBert for the BERT family, PackedDecoder for Qwen3 and EmbeddingGemma.
@@ -67,4 +68,4 @@ def packed_pass(
             f"cannot run this model packed: model type {model_type!r} is not one of "
             f"{', '.join(map(str, families))}"
         )
-    return encoder.from_folder(path, dtype, device, linear_kernel)
+    return encoder.from_folder(path, dtype, device, linear_kernel, kept)

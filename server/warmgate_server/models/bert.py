@@ -193,8 +193,10 @@ class PackedBert:
         state: Mapping[str, torch.Tensor],
         config: Mapping[str, Any],
         linear_kernel: str = "auto",
+        kept: linear.Kept | None = None,
     ) -> None:
-        """`linear_kernel`: the server's --linear (linear.choose)."""
+        """`linear_kernel`: the server's --linear; `kept`: an earlier start's measurements
+        (linear.choose)."""
         why_not = supports_config(config)
         if why_not is not None:
             raise ValueError(f"cannot run this model packed: {why_not}")
@@ -257,7 +259,7 @@ class PackedBert:
         plain = [_layer(state, f"encoder.layer.{index}.") for index in range(layers)]
         activation, post_op = _ACTIVATIONS[config.get("hidden_act", "gelu")]
         self.kernels = linear.choose(
-            plain, self.device, self.dtype, activation, post_op, linear_kernel
+            plain, self.device, self.dtype, activation, post_op, linear_kernel, kept
         )
         """The linear layers' kernel for a pass of a given token count (linear.py); the plain
         weights are freed unless a kernel keeps them."""
@@ -276,10 +278,11 @@ class PackedBert:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         linear_kernel: str = "auto",
+        kept: linear.Kept | None = None,
     ) -> PackedBert:
         """From `config.json` and the checkpoint (checkpoint.py: safetensors or
         pytorch_model.bin, sharded or not), onto `device`; ValueError says why it cannot."""
-        return cls(*read_folder(folder, supports_config, dtype, device), linear_kernel)
+        return cls(*read_folder(folder, supports_config, dtype, device), linear_kernel, kept)
 
     def encode(
         self, batch: Sequence[Sequence[int]], seq_len: int, rows: int, layers: int | None = None

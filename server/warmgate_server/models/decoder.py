@@ -274,8 +274,10 @@ class PackedDecoder:
         state: Mapping[str, torch.Tensor],
         config: Mapping[str, Any],
         linear_kernel: str = "auto",
+        kept: linear.Kept | None = None,
     ) -> None:
-        """`linear_kernel`: the server's --linear (linear.choose)."""
+        """`linear_kernel`: the server's --linear; `kept`: an earlier start's measurements
+        (linear.choose)."""
         why_not = supports_config(config)
         if why_not is not None:
             raise ValueError(f"cannot run this model packed: {why_not}")
@@ -371,7 +373,7 @@ class PackedDecoder:
         self.rope = {kind: self._rope(thetas[kind]) for kind in set(self.kinds)}
         """Each layer type's (cos, sin) of every position."""
         self.kernels = linear.choose(
-            plain, self.device, self.dtype, lambda x: x, ("none", ""), linear_kernel
+            plain, self.device, self.dtype, lambda x: x, ("none", ""), linear_kernel, kept
         )
         """The linear layers' kernel for a pass of a given token count (models/linear.py)."""
 
@@ -382,10 +384,11 @@ class PackedDecoder:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         linear_kernel: str = "auto",
+        kept: linear.Kept | None = None,
     ) -> PackedDecoder:
         """From `config.json` and the checkpoint, onto `device`; ValueError says why it
         cannot."""
-        return cls(*read_folder(folder, supports_config, dtype, device), linear_kernel)
+        return cls(*read_folder(folder, supports_config, dtype, device), linear_kernel, kept)
 
     def encode(
         self, batch: Sequence[Sequence[int]], seq_len: int, rows: int, layers: int | None = None

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -247,6 +247,12 @@ def measure(kernels: Sequence[Kernel], rows: Sequence[int], plain: Layer) -> dic
     return results
 
 
+class Kept(Protocol):
+    """Measurements an earlier start made (the server's warm_state.WarmState)."""
+
+    def measured(self, what: Mapping[str, Any], measure: Callable[[], Any]) -> tuple[Any, bool]: ...
+
+
 def choose(
     layers: list[Layer],
     device: torch.device,
@@ -254,11 +260,13 @@ def choose(
     activation: Callable[[torch.Tensor], torch.Tensor],
     post_op: tuple[str, str],
     wanted: str = "auto",
+    kept: Kept | None = None,
 ) -> Kernels:
     """The kernels of the packed pass (see the module's docstring). `layers` hold the plain
     weights; what is not kept of them is freed when the caller lets them go. `wanted` is the
-    server's --linear: auto measures; onednn, mkl or aten is that kernel always (where the
-    device and dtype have it)."""
+    server's --linear: auto measures (or takes what an earlier start on this CPU, torch and
+    code measured for the same matrices and threads, from `kept`); onednn, mkl or aten is that
+    kernel always (where the device and dtype have it)."""
     plain = mkl_kernel(layers, activation)
     if device.type != "cpu" or not _onednn_available(dtype):
         return Kernels(plain, plain, SWITCH_ROWS, f"{device.type}, {str(dtype)[6:]}: F.linear")
@@ -267,7 +275,7 @@ def choose(
     onednn = onednn_kernel(layers, post_op)
     if wanted == "onednn":
         return Kernels(onednn, onednn, SWITCH_ROWS, f"--linear {wanted}")
-    measured = measure([onednn, plain], (SMALL_ROWS, LARGE_ROWS), layers[0])
+    measured, reused = _measured(onednn, plain, layers[0], kept)
 
     def faster(rows: int) -> Kernel:
         mkl_ms, onednn_ms = measured[plain.name][rows], measured["onednn"][rows]
@@ -282,4 +290,40 @@ def choose(
         why = f"measured; one copy of {weight_bytes / 2**20:.0f} MiB of linear weights"
     else:
         why = "measured"
+    if reused:
+        why += " (by an earlier start: the warm state)"
     return Kernels(small, large, SWITCH_ROWS, why, measured)
+
+
+def _measured(
+    onednn: Kernel, plain: Kernel, layer: Layer, kept: Kept | None
+) -> tuple[dict[str, dict[int, float]], bool]:
+    """measure()'s timings of both kernels, and whether `kept` had them from an earlier start."""
+    rows = (SMALL_ROWS, LARGE_ROWS)
+    if kept is None:
+        return measure([onednn, plain], rows, layer), False
+    what = {
+        "measure": "linear",
+        "kernels": [onednn.name, plain.name],
+        "rows": list(rows),
+        "threads": torch.get_num_threads(),
+        "dtype": str(layer.qkv_weight.dtype),
+        "matrices": [list(weight.shape) for weight, _ in layer.matrices()],
+    }
+    found, reused = kept.measured(
+        what,
+        lambda: {
+            name: {str(count): ms for count, ms in by_rows.items()}
+            for name, by_rows in measure([onednn, plain], rows, layer).items()
+        },
+    )
+    try:
+        timings = {
+            name: {int(count): float(ms) for count, ms in by_rows.items()}
+            for name, by_rows in found.items()
+        }
+        if all(set(timings[kernel.name]) == set(rows) for kernel in (onednn, plain)):
+            return timings, reused
+    except (AttributeError, KeyError, TypeError, ValueError):
+        pass
+    return measure([onednn, plain], rows, layer), False  # a kept entry of another form
