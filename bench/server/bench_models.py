@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import functools
 import json
 import os
@@ -47,13 +46,7 @@ from warmgate_testkit.process import ServerProcess
 
 CACHE = Path(os.environ.get("WARMGATE_BENCH_MODELS", "~/.cache/warmgate/bench-models"))
 BEGIN, END = "<!-- model-benchmarks:begin -->", "<!-- model-benchmarks:end -->"
-SHAPES = {
-    "e5-base": {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
-                "intermediate_size": 3072, "max_position_embeddings": 514},
-    "bge-m3": {"num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16,
-               "intermediate_size": 4096, "max_position_embeddings": 8194},
-}  # fmt: skip
-POOLING = {"e5-base": "mean", "bge-m3": "cls"}
+SHAPES = zoo.XLMR_SHAPES
 # Sentences of several languages and lengths, as multilingual traffic has them.
 SENTENCES = [
     "query: how do readiness gates keep a pod out of a Service?",
@@ -106,41 +99,7 @@ def parse_args() -> argparse.Namespace:
 
 def build(shape: str) -> Path:
     """The model of `shape` as a sentence-transformers folder (made once, cached)."""
-    import torch
-    from sentence_transformers import SentenceTransformer, models
-    from transformers import XLMRobertaConfig, XLMRobertaModel
-
-    folder = CACHE.expanduser() / f"xlm-roberta-{shape}"
-    if (folder / "modules.json").is_file():
-        if "sentence_transformers.models." not in (folder / "modules.json").read_text():
-            _to_hub_layout(folder)
-        return folder
-    scratch = folder.with_name(folder.name + ".transformer")
-    tokenizer = zoo.FAMILIES["xlm-roberta-mean"].tokenizer()
-    tokenizer.model_max_length = SHAPES[shape]["max_position_embeddings"] - 2
-    torch.manual_seed(0)
-    config = XLMRobertaConfig(
-        vocab_size=250_002, type_vocab_size=1, pad_token_id=1, **SHAPES[shape]
-    )
-    XLMRobertaModel(config, add_pooling_layer=False).eval().save_pretrained(scratch)
-    tokenizer.save_pretrained(scratch)
-    transformer = models.Transformer(str(scratch))
-    transformer.max_seq_length = 512
-    pooling = models.Pooling(config.hidden_size, pooling_mode=POOLING[shape])
-    model = SentenceTransformer(modules=[transformer, pooling, models.Normalize()], device="cpu")
-    model.save(str(folder))
-    for item in scratch.iterdir():
-        item.unlink()
-    scratch.rmdir()
-    _to_hub_layout(folder)
-    return folder
-
-
-def _to_hub_layout(folder: Path) -> None:
-    """The older layout, which Infinity's sentence-transformers (3.x) reads and warmgate reads
-    too (the layout sentence-transformers 6 writes names modules 3.x cannot import)."""
-    family = dataclasses.replace(zoo.FAMILIES["xlm-roberta-mean"], max_seq_length=512)
-    zoo.to_hub_layout(folder, family)
+    return zoo.shaped(shape, CACHE.expanduser())
 
 
 def memory_of(pid: int) -> dict[str, float]:

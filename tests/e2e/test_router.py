@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,9 +43,11 @@ from warmgate_devcluster.testkit import (
     wait_until,
     warmup_seconds,
 )
+from warmgate_router.proxy import HELD_HEADER
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
+BENCH_MODELS = os.environ.get("WARMGATE_BENCH_MODELS", "~/.cache/warmgate/bench-models")
 SMALL = {"requests": {"cpu": "100m", "memory": "512Mi"}}
 MAX_HELD = 6
 
@@ -321,4 +324,97 @@ def test_scale_to_zero_and_back_holds_requests_and_answers_them_warm(
         f"warmup {warmup} s; {len(refused)} refused past "
         f"--max-held-requests; status.scaleToZero.wakeSeconds {first_start} s for the first "
         f"start, {wake} s for the wake"
+    )
+
+
+@pytest.fixture
+def e5_base_claim(kube, tmp_path) -> Iterator[str]:
+    """A claim bound to a hostPath volume on the node holding an XLM-R folder of
+    multilingual-e5-base's size (zoo.shaped: 12 layers of 768, 250,002 tokens, 1.1 GiB of
+    random weights; the hub has no real copy here), hard-linked from the benchmarks' cache."""
+    from warmgate_testkit import zoo
+
+    built = zoo.shaped("e5-base", Path(BENCH_MODELS).expanduser())
+    folder = tmp_path / "volume" / "e5-base"
+    folder.mkdir(parents=True)
+    for item in built.rglob("*"):
+        target = folder / item.relative_to(built)
+        if item.is_dir():
+            target.mkdir()
+        else:
+            item.chmod(0o644)  # the server's user reads it (a link shares the mode)
+            os.link(item, target)
+    for directory in (folder, *[p for p in folder.rglob("*") if p.is_dir()]):
+        directory.chmod(0o755)
+    volume_name = f"{kube.namespace}-e5"
+    kube.devcluster.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume_name},
+        "spec": {
+            "capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+            "hostPath": {"path": str(folder.parent), "type": "Directory"},
+        },
+    }))  # fmt: skip
+    kube.apply({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "e5"},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": volume_name,
+            "resources": {"requests": {"storage": "2Gi"}},
+        },
+    })  # fmt: skip
+    try:
+        yield "e5"
+    finally:
+        kube.devcluster.kubectl("delete", "pv", volume_name, "--wait=false", check=False)
+
+
+def test_a_model_of_e5_base_s_size_at_zero_is_woken_by_a_request_and_answers_it_warm(
+    kube, operator, router, report, e5_base_claim
+) -> None:
+    """Issue 40's wake: an XLM-R of multilingual-e5-base's size at the operator's default plan
+    (1, 8, 32 x 32 to 256), scaled to zero, then one request through the router by the OpenAI
+    SDK at its defaults: held until a pod is warm and answered warm. How long that took is
+    reported beside the pod's start, load and warmup (docs/benchmarks.md has the figures)."""
+    import openai
+
+    service = embedding_service(
+        "e5", "v1", replicas=1, service={"type": "ClusterIP"},
+        model={
+            "id": "intfloat/multilingual-e5-base",
+            "source": {"volume": {"claimName": e5_base_claim, "path": "e5-base"}},
+        },
+        resources={"requests": {"cpu": "500m", "memory": "2560Mi"}, "limits": {"memory": "3Gi"}},
+        autoscaling={
+            "enabled": True, "minReplicas": 0, "maxReplicas": 1,
+            "scaleToZero": {"idleSeconds": 10},
+        },
+    )  # fmt: skip
+    del service["spec"]["warmup"], service["spec"]["batching"]  # the operator's defaults
+    kube.apply(service)
+    wait_ready(kube, "e5", "v1", replicas=1, timeout=420)
+
+    def at_zero() -> bool:
+        emb = kube.get("embeddingservice", "e5") or {}
+        return emb["spec"].get("replicas") == 0 and not kube.pods("e5")
+
+    wait_until(at_zero, 180, "the operator to scale the e5 service to zero")
+    sdk = openai.OpenAI(base_url=router.url + "/v1", api_key="-")
+    started = time.monotonic()
+    raw = sdk.embeddings.with_raw_response.create(
+        model="e5", input=["query: 서울의 날씨는 어떤가요?", "passage: A cold start is paid once."]
+    )
+    answered = time.monotonic() - started
+    vectors = [item.embedding for item in raw.parse().data]
+    assert len(vectors) == 2 and len(vectors[0]) == 768
+    assert raw.headers.get("X-Warmgate-Cold") == "0", "the woken pod answered cold"
+    held = int(raw.headers[HELD_HEADER]) / 1000
+    (pod,) = kube.pods("e5")
+    created = datetime.fromisoformat(pod["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    ready = datetime.fromisoformat(
+        (condition(pod, "Ready").get("lastTransitionTime") or "").replace("Z", "+00:00")
+    )
+    report(
+        f"e5-base's size woken from zero: answered warm {answered:.1f} s after the request "
+        f"(held {held:.1f} s); the pod created to Ready {(ready - created).total_seconds():.0f} s, "
+        f"its warmup {warmup_seconds(pod)} s"
     )
