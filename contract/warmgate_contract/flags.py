@@ -23,6 +23,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 POOLINGS = ("mean", "cls", "last", "max", "mean_sqrt_len_tokens", "weightedmean")
 PACKINGS = ("auto", "on", "off")
+TASKS = ("auto", "embed", "rerank", "classify")
 CUDA_GRAPHS = ("auto", "on", "off")
 BACKENDS = ("torch", "onnxruntime")
 TOKEN_ID_KINDS = ("model", "cl100k_base")
@@ -227,6 +228,14 @@ FLAGS: tuple[Flag, ...] = (
         "the model's prompt (config_sentence_transformers.json) put before every input",
     ),
     Flag("--default-prompt", "default_prompt", str, None, "a text put before every input"),
+    Flag(
+        "--task",
+        "task",
+        str,
+        "auto",
+        "auto (what the model's folder says), embed, rerank or classify: what the server does "
+        "with the model",
+    ),
     Flag("--packing", "packing", str, "auto", "auto, on or off: padding-free linear layers"),
     Flag(
         "--backend",

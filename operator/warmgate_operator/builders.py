@@ -242,6 +242,8 @@ def server_args(spec: EmbeddingServiceSpec) -> list[str]:
             "auto_truncate": model.auto_truncate,
             # Unset is the server's default (a folder with custom code is refused, asking).
             "trust_remote_code": model.trust_remote_code,
+            # auto is the server's default: it reads the task from the model's folder.
+            "task": None if model.task == "auto" else model.task,
             "openai_token_ids": model.openai_token_ids,
             "default_prompt_name": model.default_prompt_name,
             "default_prompt": model.default_prompt,

@@ -122,6 +122,9 @@ class Verdict:
     """What the server loaded, when its report says."""
     memory: tuple[int, int | None] | None = None
     """(peak, limit) bytes the server's warmup measured, when its report says."""
+    task: str = "embed"
+    """What the server does with its model (its report's model_settings.task): which route
+    the verification request times."""
 
 
 def _container(pod: Mapping[str, Any], name: str = SERVER_CONTAINER) -> Mapping[str, Any] | None:
@@ -257,6 +260,7 @@ def evaluate_report(document: Any, expected: Expectation) -> Verdict:
         probe_shape=probe_shape,
         steady_ms=steady.get(probe_shape) if probe_shape else None,
         identity=identity,
+        task=str((report.model_settings or {}).get("task") or "embed"),
         memory=None
         if report.memory is None
         else (report.memory.peak_bytes, report.memory.limit_bytes),

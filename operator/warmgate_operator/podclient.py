@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -26,6 +27,18 @@ async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
             raise aiohttp.ClientPayloadError(f"answer over {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+_TIMED: dict[str, Callable[[list[str]], tuple[str, dict[str, Any]]]] = {
+    "embed": lambda inputs: ("/embed", {"inputs": inputs}),
+    "rerank": lambda inputs: ("/rerank", {"query": inputs[0], "texts": inputs, "truncate": True}),
+    "classify": lambda inputs: (
+        "/predict",
+        {"inputs": [[text] for text in inputs], "truncate": True},
+    ),
+}
+"""The verification request of each task (the server's model_settings.task); a pair is twice
+the text, so within the input limit only truncated."""
 
 
 class PodClient:
@@ -83,21 +96,26 @@ class PodClient:
         except (ValueError, UnicodeDecodeError, RecursionError):
             return status, None
 
-    async def time_request(self, host: str, port: int, inputs: list[str]) -> float:
-        """Milliseconds for one `/embed` request of `inputs`; raises one of ERRORS when it
-        fails (a status outside 2xx included)."""
+    async def time_request(
+        self, host: str, port: int, inputs: list[str], task: str = "embed"
+    ) -> float:
+        """Milliseconds for one request of `inputs` to the route of the server's `task`
+        (/embed; a re-ranker's /rerank, `inputs` the documents and the first the query; a
+        classifier's /predict, each input alone); raises one of ERRORS when it fails (a
+        status outside 2xx included)."""
+        path, body = _TIMED[task](inputs) if task in _TIMED else _TIMED["embed"](inputs)
         async with self._slots:
             started = time.perf_counter()
             try:
                 async with self._client().post(
-                    f"http://{host}:{port}/embed", json={"inputs": inputs}
+                    f"http://{host}:{port}{path}", json=body
                 ) as response:
                     await read_capped(response, self._max_bytes)
-                    self._count("/embed", str(response.status))
+                    self._count(path, str(response.status))
                     response.raise_for_status()
             except ERRORS as error:
                 if not isinstance(error, aiohttp.ClientResponseError):
-                    self._count("/embed", type(error).__name__)
+                    self._count(path, type(error).__name__)
                 raise
             return (time.perf_counter() - started) * 1000.0
 

@@ -27,6 +27,7 @@ from warmgate_contract.names import ROLE_LABEL
 DEVICES = tuple(value for value in flags.DEVICES if value != "auto")
 DTYPES = tuple(value for value in flags.DTYPES if value != "auto")
 POOLINGS = flags.POOLINGS
+TASKS = flags.TASKS
 TOKEN_ID_KINDS = flags.TOKEN_ID_KINDS
 PACKINGS = flags.PACKINGS
 BACKENDS = flags.BACKENDS
@@ -112,6 +113,8 @@ class ModelSpec:
     auto_truncate: bool = False
     trust_remote_code: bool | None = None
     """Unset: a model folder that points at custom code is refused, naming both choices."""
+    task: str = "auto"
+    """auto: the server reads it from the model's folder (embed, rerank or classify)."""
     openai_token_ids: str = "cl100k_base"
     default_prompt_name: str | None = None
     default_prompt: str | None = None
@@ -518,6 +521,7 @@ def _model(model: _Given) -> ModelSpec:
         max_input_length=model.integer("maxInputLength"),
         auto_truncate=model.boolean("autoTruncate"),
         trust_remote_code=model.optional_boolean("trustRemoteCode"),
+        task=model.value("task") or "auto",
         openai_token_ids=model.value("openaiTokenIds"),
         default_prompt_name=model.value("defaultPromptName"),
         default_prompt=model.value("defaultPrompt"),
@@ -653,6 +657,7 @@ def _check(spec: EmbeddingServiceSpec) -> None:
         ("spec.runtime.backend", spec.runtime.backend, BACKENDS),
         ("spec.warmup.memoryPolicy", spec.warmup.memory_policy, MEMORY_POLICIES),
         ("spec.model.pooling", spec.model.pooling, POOLINGS),
+        ("spec.model.task", spec.model.task, TASKS),
         ("spec.model.openaiTokenIds", spec.model.openai_token_ids, TOKEN_ID_KINDS),
         ("spec.service.type", spec.service.type, SERVICE_TYPES),
         ("spec.imagePullPolicy", spec.image_pull_policy, PULL_POLICIES),

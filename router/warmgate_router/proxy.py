@@ -61,7 +61,10 @@ HELD_HEADER = "X-Warmgate-Held-Ms"
 PASSED_HEADERS = ("content-type", "content-encoding", "server-timing", "retry-after")
 # Headers of the client's request the pod gets (the body is the client's, unchanged in kind).
 FORWARDED_HEADERS = ("Accept", "Accept-Encoding")
-TEI_ROUTES = ("embed", "embed_all", "tokenize", "decode", "similarity", "embeddings", "invocations")
+TEI_ROUTES = (
+    "embed", "embed_all", "tokenize", "decode", "similarity", "embeddings", "invocations",
+    "rerank", "predict", "embed_sparse",
+)  # fmt: skip
 
 
 def _field_value_ok(value: str) -> bool:
@@ -359,6 +362,16 @@ class Router:
         """POST /v1/embeddings: the model named in the body. TEI's /embeddings: the model
         `named` by its path or header, which a body's `model` may repeat but not contradict
         (a request must never be served by a model other than the one it asked for)."""
+        return await self._by_body(request, named, "/v1/embeddings")
+
+    async def rerank(self, request: Request) -> Response:
+        """POST /v1/rerank (the body Cohere's, Jina's and Infinity's clients send): the
+        re-ranker named in the body, as /v1/embeddings."""
+        return await self._by_body(request, request.headers.get(MODEL_HEADER), "/v1/rerank")
+
+    async def _by_body(self, request: Request, named: str | None, path: str) -> Response:
+        """The model named by the body's `model` (or `named`, which it may repeat), the body
+        forwarded to the pod's `path` without it; errors in OpenAI's shape."""
         try:
             try:
                 body = orjson.loads(request.body)
@@ -381,7 +394,7 @@ class Router:
                     )
                 model = named
             # The pod serves one model under its own name: the router's name stops here.
-            return await self.forward(request, model, "/v1/embeddings", orjson.dumps(body))
+            return await self.forward(request, model, path, orjson.dumps(body))
         except Refused as error:
             return openai_error(error)
 
@@ -479,6 +492,7 @@ def build_server(router: Router) -> Server:
     routes.add("GET", "/metrics", router.metrics_route)
     routes.add("GET", "/v1/models", router.models)
     routes.add("POST", "/v1/embeddings", router.openai_embeddings)
+    routes.add("POST", "/v1/rerank", router.rerank)
     for route in TEI_ROUTES:
         routes.add("POST", f"/{route}", router.tei)
         routes.add_pattern("POST", f"/models/(?P<model>.+)/{route}", router.tei)

@@ -28,6 +28,7 @@ from warmgate_contract.flags import (
     MEMORY_POLICIES,
     PACKINGS,
     POOLINGS,
+    TASKS,
     TOKEN_ID_KINDS,
 )
 from warmgate_contract.report import parse_profile as parse_profile_entries
@@ -126,6 +127,9 @@ class ServerConfig:
     one); onnxruntime: the model exported to ONNX at start and run by ONNX Runtime on padded
     batches of the planned shapes (CPU, float32 only; a session per thread count, each shape
     run during warmup so its memory plan is made before /ready)."""
+    task: str = DEFAULTS["task"]
+    """auto, embed, rerank or classify (model_folder.TASKS): what the server does with the model;
+    auto takes the folder's own answer and refuses a folder that could be either."""
     compile_cache: str | None = DEFAULTS["compile_cache"]
     """A folder where --backend onnxruntime keeps its export under a key of the weights, the
     model's configuration and the library versions, so a restart with the same model and image
@@ -268,6 +272,8 @@ def validate(config: ServerConfig) -> None:
         problems.append(f"--log-level {config.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
     if config.packing not in PACKINGS:
         problems.append(f"--packing {config.packing!r}: use one of {', '.join(PACKINGS)}")
+    if config.task not in TASKS:
+        problems.append(f"--task {config.task!r}: use one of {', '.join(TASKS)}")
     if config.backend not in BACKENDS:
         problems.append(f"--backend {config.backend!r}: use one of {', '.join(BACKENDS)}")
     elif config.backend == "onnxruntime":

@@ -83,6 +83,9 @@ class LoadedModel:
     """What the folder's sentence-transformers files say (read once, in the model thread)."""
     head: Head | None = None
     """The Head (head.py) the load's flags resolved: pooling, Dense and Normalize modules."""
+    task: str = "embed"
+    """model_folder.TASKS: an embedder's passes end in its head; a re-ranker's or classifier's
+    in its classification head's logits."""
 
     def release_model(self) -> None:
         """Let the transformers model go (the ONNX Runtime backend, once its export holds the
@@ -170,8 +173,17 @@ def load_model(
         raise _custom_code_asked(config, custom, folder.model_type)
     if any(item.startswith("tokenizer_config.json") for item in custom):
         raise _custom_code_refused(config, custom, "the tokenizer is the folder's own code")
-    tokenizer = _load_tokenizer(config, path)
-    packed, why_not = _load_packed(config, path, device, dtype, folder.model_type, state)
+    scores = settings.task != model_folder.EMBED
+    tokenizer = _load_tokenizer(config, path, pairs=scores)
+    if scores:  # the classification head is transformers' (its pooler, dropout, classifier)
+        if config.packing == "on":
+            raise ModelLoadError(
+                f"--packing on: a {settings.task} model runs transformers' own pass with its "
+                "classification head; use --packing auto or off"
+            )
+        packed, why_not = None, f"a {settings.task} model: transformers' pass and head"
+    else:
+        packed, why_not = _load_packed(config, path, device, dtype, folder.model_type, state)
     model = None
     if packed is None:
         if config.packing == "on":
@@ -179,7 +191,7 @@ def load_model(
         if config.packing == "auto":
             log.info("padded forward pass: %s", why_not)
         try:
-            model = _load_transformers_model(config, path, device, dtype)
+            model = _load_transformers_model(config, path, device, dtype, classifier=scores)
         except ModelLoadError as error:
             if custom:
                 raise _custom_code_refused(config, custom, str(error)) from None
@@ -227,6 +239,7 @@ def load_model(
         max_positions=positions if isinstance(positions, int) else None,
         folder=folder,
         head=head,
+        task=settings.task,
     )
     log.info(
         "loaded %s on %s as %s in %.1fs (%d model workers x %d torch threads, %s)",
@@ -241,16 +254,18 @@ def load_model(
     return loaded
 
 
-def _load_tokenizer(config: ServerConfig, path: Path) -> Tokenizer:
+def _load_tokenizer(config: ServerConfig, path: Path, pairs: bool = False) -> Tokenizer:
     """A BERT or XLM-R tokenizer straight from tokenizer.json when it encodes as transformers
     would (tokenizer.py: no transformers import, a second or more of CPU less per start), else
-    transformers' AutoTokenizer."""
+    transformers' AutoTokenizer; always transformers' for `pairs` (a re-ranker's (query,
+    document) inputs, with their token types, as CrossEncoder encodes them)."""
     from .tokenizer import load_fast
 
-    try:
-        return load_fast(path)
-    except Exception as exc:  # not a BERT tokenizer, or one `tokenizers` cannot read
-        log.info("tokenizer through transformers (%s: %s)", type(exc).__name__, exc)
+    if not pairs:
+        try:
+            return load_fast(path)
+        except Exception as exc:  # not a BERT tokenizer, or one `tokenizers` cannot read
+            log.info("tokenizer through transformers (%s: %s)", type(exc).__name__, exc)
     from transformers import AutoTokenizer
 
     try:
@@ -294,15 +309,22 @@ def _load_packed(
 
 
 def _load_transformers_model(
-    config: ServerConfig, path: Path, device: torch.device, dtype: torch.dtype
+    config: ServerConfig,
+    path: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    classifier: bool = False,
 ) -> Any:
     """transformers' AutoModel, loaded strictly: a weight missing from the checkpoint (it
     would be random) or a weight of the model's own layers left unused (the checkpoint is of
     another architecture) fails the load with the keys' names. A task head the base model
     has no place for (an MLM or LM head of a *For* checkpoint) is left out, as
     sentence-transformers leaves it, and logged."""
-    from transformers import AutoModel
+    from transformers import AutoModel, AutoModelForSequenceClassification
     from transformers.utils import logging as transformers_logging
+
+    # A classifier's pooler is read (its head classifies the pooled first token).
+    auto, unread = (AutoModelForSequenceClassification, ()) if classifier else (AutoModel, None)
 
     transformers_logging.disable_progress_bar()
     options = {
@@ -312,12 +334,12 @@ def _load_transformers_model(
     }
     try:
         try:
-            model, info = AutoModel.from_pretrained(str(path), dtype=dtype, **options)
+            model, info = auto.from_pretrained(str(path), dtype=dtype, **options)
         except TypeError:  # transformers 4.x names it torch_dtype
-            model, info = AutoModel.from_pretrained(str(path), torch_dtype=dtype, **options)
+            model, info = auto.from_pretrained(str(path), torch_dtype=dtype, **options)
     except (OSError, ValueError, ImportError) as exc:
         raise ModelLoadError(f"--model {config.model}: cannot load it from {path}: {exc}") from None
-    problems, random = _loading_problems(model, info, checkpoint.keys(path))
+    problems, random = _loading_problems(model, info, checkpoint.keys(path), unread)
     if problems:
         raise ModelLoadError(
             f"--model {config.model}: the weights do not fit {type(model).__name__}: "
@@ -346,11 +368,14 @@ def _if_served(random: bool) -> str:
     )
 
 
-def _loading_problems(model: Any, info: dict[str, Any], keys: set[str]) -> tuple[str, bool]:
+def _loading_problems(
+    model: Any, info: dict[str, Any], keys: set[str], unread: tuple[str, ...] | None = None
+) -> tuple[str, bool]:
     """What is wrong with a load (transformers' loading info), or "", and whether serving it
     would run random weights (some missing or of another shape) rather than only leave some
     out."""
-    missing = sorted(k for k in info.get("missing_keys") or () if not k.startswith(_UNREAD_MISSING))
+    unread = _UNREAD_MISSING if unread is None else unread
+    missing = sorted(k for k in info.get("missing_keys") or () if not k.startswith(unread))
     mismatched = sorted(str(item[0]) for item in info.get("mismatched_keys") or ())
     prefix = f"{getattr(model, 'base_model_prefix', '')}."
     headed = prefix != "." and any(key.startswith(prefix) for key in keys)

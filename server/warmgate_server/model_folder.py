@@ -27,6 +27,16 @@ from typing import Any
 
 from .config import POOLINGS, ServerConfig
 
+EMBED, RERANK, CLASSIFY = "embed", "rerank", "classify"
+TASKS = (EMBED, RERANK, CLASSIFY)
+"""What a served model does (--task, spec.model.task): embeds texts; scores (query, document)
+pairs with a one-label cross-encoder; classifies texts or pairs into a classifier's labels."""
+SIGMOID = "torch.nn.modules.activation.Sigmoid"
+IDENTITY = "torch.nn.modules.linear.Identity"
+ACTIVATIONS = {SIGMOID, IDENTITY, "torch.nn.modules.activation.Tanh"}
+"""The cross-encoder activations this server applies (sentence-transformers' defaults, and
+Tanh); another is refused, naming it."""
+
 # sentence-transformers' pooling mode names, and the server's (--pooling) for each.
 ST_MODES = {
     "cls": "cls",
@@ -140,6 +150,15 @@ class FolderSettings:
     """The architecture when config.json describes a decoder-only model (decoder_name)."""
     model_type: str | None = None
     """config.json's model_type (None where it has none or cannot be read)."""
+    task: str = EMBED
+    """What the folder's own files say it does (TASKS): embed, or, for a cross-encoder or a
+    `*ForSequenceClassification` checkpoint, rerank (one label) or classify (more)."""
+    task_source: str = "modules.json pools token vectors (an embedding model)"
+    activation: str | None = None
+    """A cross-encoder's activation as its folder names it (an import path), else None: the
+    default, Sigmoid for one label and Identity for more (sentence-transformers')."""
+    labels: tuple[str, ...] = ()
+    """A classifier's labels in id order (config.json's id2label)."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +177,11 @@ class ModelSettings:
     include_prompt: bool = True
     steps: tuple[Step, ...] = ()
     lowercase: bool = False
+    task: str = EMBED
+    """TASKS: what the server does with the model (its routes answer that, the others 424)."""
+    activation: str | None = None
+    """A re-ranker's or classifier's activation (an import path; None: the default)."""
+    labels: tuple[str, ...] = ()
 
     @property
     def pooling(self) -> str:
@@ -186,6 +210,12 @@ class ModelSettings:
             "default_prompt_name": self.default_prompt_name,
             "default_prompt": self.default_prompt,
             "max_input_length": self.max_input_length,
+            "task": self.task,
+            **(
+                {"activation": self.activation or "default", "labels": list(self.labels)}
+                if self.task != EMBED
+                else {}
+            ),
             "chosen_by": dict(self.chosen_by),
         }
 
@@ -263,8 +293,14 @@ def _module_list(folder: Path) -> list[dict[str, Any]] | None:
     return modules
 
 
-def _transformer_settings(folder: Path, path: str) -> tuple[bool, int | None]:
-    """(lowercase, max_seq_length) from the Transformer module's sentence_bert_config.json."""
+_CLASSIFY_MODALITY = {"text": {"method": "forward", "method_output_name": "logits"}}
+
+
+def _transformer_settings(
+    folder: Path, path: str, classifier: bool = False
+) -> tuple[bool, int | None]:
+    """(lowercase, max_seq_length) from the Transformer module's sentence_bert_config.json;
+    `classifier`: a CrossEncoder's (sequence classification, its logits as scores)."""
     if path not in ("", "."):
         raise ModelConfigError(
             f"modules.json puts the Transformer in {path!r}: this server loads the model from "
@@ -283,6 +319,21 @@ def _transformer_settings(folder: Path, path: str) -> tuple[bool, int | None]:
             f"sentence_bert_config.json sets {', '.join(changing)}, which changes how the model "
             "or its tokenizer loads: this server does not apply it"
         )
+    if classifier:
+        expected = (_CLASSIFY_MODALITY, "scores", "sequence-classification")
+        found = (
+            config.get("modality_config", _CLASSIFY_MODALITY),
+            config.get("module_output_name", "scores"),
+            config.get("transformer_task", "sequence-classification"),
+        )
+        if found != expected:
+            raise ModelConfigError(
+                f"sentence_bert_config.json: a CrossEncoder's Transformer with modality_config "
+                f"{json.dumps(found[0])}, module_output_name {found[1]!r} and transformer_task "
+                f"{found[2]!r}: this server scores with a sequence classifier's logits only"
+            )
+        length = config.get("max_seq_length")
+        return bool(config.get("do_lower_case")), length if isinstance(length, int) else None
     modality = config.get("modality_config")
     if modality not in (None, _FORWARD_MODALITY):
         raise ModelConfigError(
@@ -362,7 +413,12 @@ def read_folder(folder: Path, trust_remote_code: bool | None = None) -> FolderSe
         "decoder": decoder_name(model_config),
         "model_type": model_type if isinstance(model_type, str) else None,
     }
+    classifier = _classifier(model_config)
+    if st_config.get("model_type") == "CrossEncoder":
+        return _cross_encoder(folder, modules, st_config, model_config, common)
     if modules is None:
+        if classifier is not None:
+            return _classifier_settings(model_config, classifier, common, "config.json")
         return FolderSettings(**common)
     kinds = []
     for module in modules:
@@ -402,6 +458,13 @@ def read_folder(folder: Path, trust_remote_code: bool | None = None) -> FolderSe
     normalize = bool(steps) and isinstance(steps[-1], NormalizeModule)
     if normalize:
         steps.pop()
+    if classifier is not None:
+        common["labels"] = _labels(model_config)
+        common["task"] = AMBIGUOUS
+        common["task_source"] = (
+            f"modules.json pools token vectors (an embedding model) and config.json's "
+            f"architectures name {classifier} (a classifier)"
+        )
     return FolderSettings(
         pooling=modes,
         pooling_source=relative,
@@ -412,6 +475,96 @@ def read_folder(folder: Path, trust_remote_code: bool | None = None) -> FolderSe
         lowercase=lowercase,
         max_seq_length=max_seq_length,
         **common,
+    )
+
+
+AMBIGUOUS = "ambiguous"
+"""FolderSettings.task of a folder that could be either (resolve refuses it without --task)."""
+
+
+def _classifier(config: Mapping[str, Any]) -> str | None:
+    """The `*ForSequenceClassification` architecture config.json names, or None."""
+    names = [str(name) for name in config.get("architectures") or []]
+    return next((name for name in names if name.endswith("ForSequenceClassification")), None)
+
+
+def _labels(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """config.json's labels in id order (id2label; else num_labels LABEL_i)."""
+    id2label = config.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        try:
+            ordered = sorted((int(key), str(value)) for key, value in id2label.items())
+        except (TypeError, ValueError):
+            raise ModelConfigError("config.json: id2label's keys are not label ids") from None
+        return tuple(label for _, label in ordered)
+    count = config.get("num_labels")
+    return tuple(f"LABEL_{index}" for index in range(count if isinstance(count, int) else 2))
+
+
+def _classifier_settings(
+    model_config: Mapping[str, Any],
+    architecture: str,
+    common: dict[str, Any],
+    source: str,
+    activation: Any = None,
+    max_seq_length: int | None = None,
+    lowercase: bool = False,
+) -> FolderSettings:
+    labels = _labels(model_config)
+    if activation is None:  # an older CrossEncoder's, in config.json
+        legacy = model_config.get("sentence_transformers")
+        activation = legacy.get("activation_fn") if isinstance(legacy, dict) else None
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ModelConfigError(
+            f"{source}: activation_fn {activation!r} is not one this server applies "
+            f"({', '.join(sorted(ACTIVATIONS))})"
+        )
+    task = RERANK if len(labels) == 1 else CLASSIFY
+    kind = "one label: a re-ranker" if task == RERANK else f"{len(labels)} labels: a classifier"
+    return FolderSettings(
+        **{**common, "task": task, "task_source": f"{source}: {architecture}, {kind}"},
+        activation=activation,
+        labels=labels,
+        max_seq_length=max_seq_length,
+        lowercase=lowercase,
+    )
+
+
+def _cross_encoder(
+    folder: Path,
+    modules: list[dict[str, Any]] | None,
+    st_config: Mapping[str, Any],
+    model_config: Mapping[str, Any],
+    common: dict[str, Any],
+) -> FolderSettings:
+    """A sentence-transformers CrossEncoder folder (config_sentence_transformers.json's
+    model_type): one Transformer module that classifies, with its activation."""
+    architecture = _classifier(model_config)
+    if architecture is None:
+        raise ModelConfigError(
+            "config_sentence_transformers.json says CrossEncoder, but config.json's "
+            f"architectures ({model_config.get('architectures')}) name no "
+            "*ForSequenceClassification model"
+        )
+    lowercase, max_seq_length = False, None
+    if modules is not None:
+        kinds = [KIND_OF_TYPE.get(str(module.get("type", ""))) for module in modules]
+        if kinds != ["Transformer"]:
+            raise ModelConfigError(
+                f"modules.json of a CrossEncoder lists {[m.get('type') for m in modules]}: "
+                "this server scores with one Transformer module only"
+            )
+        lowercase, max_seq_length = _transformer_settings(
+            folder, str(modules[0].get("path") or ""), classifier=True
+        )
+    return _classifier_settings(
+        model_config,
+        architecture,
+        common,
+        "config_sentence_transformers.json",
+        st_config.get("activation_fn"),
+        max_seq_length,
+        lowercase,
     )
 
 
@@ -439,6 +592,8 @@ def resolve(
     if found is None:
         found = read_folder(folder, config.trust_remote_code)
     chosen_by: dict[str, str] = {}
+    task = _task(config, found)
+    chosen_by["task"] = "--task" if config.task != "auto" else found.task_source
     if config.pooling is not None:
         modes, chosen_by["pooling"] = (config.pooling,), "--pooling"
         if found.pooling is not None and len(found.pooling) != 1 and found.steps:
@@ -494,4 +649,34 @@ def resolve(
         include_prompt=found.include_prompt,
         steps=found.steps,
         lowercase=found.lowercase,
+        task=task,
+        activation=found.activation,
+        labels=found.labels,
     )
+
+
+def _task(config: ServerConfig, found: FolderSettings) -> str:
+    """--task where given (and the folder can do it), else the folder's own; a folder that
+    could be either is refused, naming the field that decides."""
+    wanted = config.task
+    if wanted == "auto":
+        if found.task == AMBIGUOUS:
+            raise ModelConfigError(
+                f"the folder could be served two ways ({found.task_source}): say which with "
+                "--task embed or --task rerank|classify (an EmbeddingService's spec.model.task)"
+            )
+        return found.task
+    if found.task == AMBIGUOUS:
+        if wanted == EMBED:
+            return EMBED
+        labels = len(found.labels) or 1
+        if (wanted == RERANK) != (labels == 1):
+            raise ModelConfigError(
+                f"--task {wanted}: the classifier has {labels} labels (a re-ranker has one)"
+            )
+        return wanted
+    if wanted != found.task:
+        raise ModelConfigError(
+            f"--task {wanted}, but the folder is a {found.task} model ({found.task_source})"
+        )
+    return wanted

@@ -32,6 +32,8 @@ def finish(outputs: Sequence[np.ndarray], request: EmbedRequest) -> np.ndarray |
     if request.output is Output.TOKENS:
         return [normalized(states) for states in outputs] if request.normalize else list(outputs)
     vectors = np.stack(outputs)
+    if request.output is Output.SCORES:
+        return vectors
     if request.output is Output.SIMILARITY:
         unit = normalized(vectors)
         return unit[1:] @ unit[0]

@@ -6,6 +6,7 @@ truncation (`Tokenization`, synchronous; `Preprocessor` runs it in the threads).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,13 +24,18 @@ T = TypeVar("T")
 
 class TokenIds(list):
     """One input's token ids, and how many of its first tokens pooling leaves out: the prompt
-    of a model whose Pooling says include_prompt: false (0: pool them all)."""
+    of a model whose Pooling says include_prompt: false (0: pool them all); for a pair, where
+    its second text's tokens begin (`type_from`: token type 1 from there, as the tokenizer
+    marks them; None: every token is of type 0)."""
 
-    __slots__ = ("pool_from",)
+    __slots__ = ("pool_from", "type_from")
 
-    def __init__(self, ids: Sequence[int] = (), pool_from: int = 0) -> None:
+    def __init__(
+        self, ids: Sequence[int] = (), pool_from: int = 0, type_from: int | None = None
+    ) -> None:
         super().__init__(ids)
         self.pool_from = pool_from
+        self.type_from = type_from
 
 
 def _leading_ones(mask: Sequence[int]) -> int:
@@ -132,6 +138,32 @@ class Tokenization:
                 ids = ids[:head] + content + ids[len(ids) - tail :]
             result.append(TokenIds(ids, skip) if skip else ids)
         return result
+
+    def tokenize_pairs(
+        self, first: Sequence[str], second: Sequence[str | None], truncate: bool = False
+    ) -> list[list[int]]:
+        """Each (first, second) pair as one input, as sentence-transformers' CrossEncoder
+        encodes it (its tokenizer's pair template: [CLS] a [SEP] b [SEP], <s> a </s></s> b
+        </s>; token type 1 for the second text where the model has token types), or a text
+        alone where `second` is None. Over the input limit: InputTooLong unless `truncate`,
+        which cuts the longer text first (CrossEncoder's longest_first). Lowercased where the
+        folder says so; no prompt (a cross-encoder has none)."""
+        limit = self.max_input_length
+        ids: list[list[int]] = []
+        for index, (a, b) in enumerate(zip(first, second, strict=True)):
+            if self.lowercase:
+                a, b = a.lower(), (None if b is None else b.lower())
+            options: dict = {"return_token_type_ids": True}
+            if truncate:
+                options.update(truncation="longest_first", max_length=limit)
+            with self._tokenizer_lock or contextlib.nullcontext():
+                encoded = self.tokenizer(a, b, verbose=False, **options)
+            tokens, types = encoded["input_ids"], encoded.get("token_type_ids")
+            if len(tokens) > limit:
+                raise InputTooLong(index, len(tokens), limit)
+            type_from = types.index(1) if types and 1 in types else None
+            ids.append(TokenIds(tokens, 0, type_from))
+        return ids
 
     def _prompt_length(self, prompt: str) -> int:
         """The prompt's tokens at the start of an input, as sentence-transformers counts them
@@ -236,6 +268,9 @@ class Preprocessor:
         return token_ids, time.monotonic() - started
 
     def _tokenize(self, request: EmbedRequest) -> list[list[int]]:
+        if request.second is not None:  # a re-ranker's pairs, a classifier's texts or pairs
+            strings = [str(text) for text in request.texts]
+            return self._tokenization.tokenize_pairs(strings, request.second, request.truncate)
         texts: Sequence[str | Sequence[int]] = request.texts
         if request.openai_ids:
             assert self._openai_ids is not None  # parse_openai sets it only with the encoding

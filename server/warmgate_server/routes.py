@@ -21,11 +21,22 @@ from warmgate_contract.names import (
 )
 
 from . import __version__
+from .config import ServerConfig
 from .context import RUNTIME, Runtime
 from .draining import CLOSE_AFTER, close_connections
 from .engine import Engine, Result
 from .errors import InputTooLong, InvalidTokenIds, ModelFault, QueueFull, Refused, validation
 from .metrics import CONTENT_TYPE
+from .model_folder import CLASSIFY, EMBED, RERANK
+from .ranking import (
+    PredictRequest,
+    RankRequest,
+    parse_cohere_rerank,
+    parse_predict,
+    parse_rerank,
+    predict_answer,
+    rerank_answer,
+)
 from .schemas import (
     EmbedRequest,
     Limits,
@@ -125,11 +136,7 @@ async def info(request: web.Request) -> web.Response:
             "openai_token_ids": config.openai_token_ids,
             # text-embeddings-inference's own names for what is reported above.
             "model_dtype": runtime.lifecycle.dtype,
-            "model_type": {
-                "embedding": {
-                    "pooling": engine.settings.pooling if engine else config.pooling or "mean"
-                }
-            },
+            "model_type": _model_type(engine, config),
             "max_batch_requests": config.max_batch_size,
             "tokenization_workers": runtime.tokenization_workers,
             "sha": None,
@@ -147,6 +154,25 @@ async def info(request: web.Request) -> web.Response:
     )
 
 
+def _model_type(engine: Engine | None, config: ServerConfig) -> dict[str, object]:
+    """TEI's /info model_type: {"embedding": {"pooling"}}, {"reranker": {"id2label",
+    "label2id"}} or {"classifier": {...}}."""
+    if engine is None or engine.settings.task == EMBED:
+        return {
+            "embedding": {
+                "pooling": engine.settings.pooling if engine else config.pooling or "mean"
+            }
+        }
+    labels = engine.settings.labels
+    kind = "reranker" if engine.settings.task == RERANK else "classifier"
+    return {
+        kind: {
+            "id2label": {str(index): label for index, label in enumerate(labels)},
+            "label2id": {label: index for index, label in enumerate(labels)},
+        }
+    }
+
+
 async def models(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     created = int(runtime.lifecycle.started_at.timestamp())
@@ -156,6 +182,8 @@ async def models(request: web.Request) -> web.Response:
         "created": created,
         "owned_by": "warmgate",
         "root": runtime.config.model,
+        # What the model does (embed, rerank, classify), once its folder has been read.
+        "task": runtime.engine.settings.task if runtime.engine is not None else None,
     }
     return web.json_response({"object": "list", "data": [entry]})
 
@@ -452,6 +480,56 @@ def _not_this_kind(kind: str) -> Handler:
     return handler
 
 
+# What each task's model serves, and what a route of another task tells its client.
+_TASK_ROUTES = {
+    EMBED: "an embedding model: this server embeds text (/embed, /v1/embeddings)",
+    RERANK: "a re-ranker: this server ranks documents against a query (/rerank, /v1/rerank)",
+    CLASSIFY: "a classifier: this server classifies texts and pairs (/predict)",
+}
+_KINDS = {EMBED: "an embedding", RERANK: "a re-ranker", CLASSIFY: "a classifier"}
+
+
+def _for(task: str, handler: Handler, api: Api = TEI) -> Handler:
+    """`handler`, for a model of `task`; a model of another answers 424 saying what it is
+    (TEI's status for a route of another kind of model)."""
+
+    async def checked(request: web.Request) -> web.Response:
+        engine = request.app[RUNTIME].engine
+        served = engine.settings.task if engine is not None else None
+        if served is not None and served != task:
+            message = f"model is not {_KINDS[task]} model: it is {_TASK_ROUTES[served]}"
+            refused = Refused(424, message, "backend", "wrong_model_type")
+            return api.error(refused, {COLD_HEADER: "0"})
+        return await handler(request)
+
+    return checked
+
+
+def _render_rerank(runtime: Runtime, parsed: EmbedRequest, result: Result) -> object:
+    assert isinstance(parsed, RankRequest) and runtime.engine is not None
+    settings = runtime.engine.settings
+    name = runtime.config.effective_served_name
+    return rerank_answer(parsed, result.output, settings.activation, name, result.prompt_tokens)
+
+
+def _render_predict(runtime: Runtime, parsed: EmbedRequest, result: Result) -> object:
+    assert isinstance(parsed, PredictRequest) and runtime.engine is not None
+    settings = runtime.engine.settings
+    return predict_answer(parsed, result.output, settings.labels, settings.activation)
+
+
+async def tei_rerank(request: web.Request) -> web.Response:
+    return await _embed(request, TEI, parse_rerank, _render_rerank)
+
+
+async def cohere_rerank(request: web.Request) -> web.Response:
+    return await _embed(request, OPENAI, parse_cohere_rerank, _render_rerank)
+
+
+async def tei_predict(request: web.Request) -> web.Response:
+    return await _embed(request, TEI, parse_predict, _render_predict)
+
+
 async def debug_faults(request: web.Request) -> web.Response:
     """Test-only (WARMGATE_FAULT_INJECTION=1): GET the injector's state, or POST
     {"mode": "raise"|"oom"|"hang"|"off", "count": n, "hang_seconds": s} to make the next
@@ -491,21 +569,23 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/warmup/profile", warmup_profile)
-    app.router.add_post("/v1/embeddings", openai_embeddings)
-    app.router.add_post("/embeddings", openai_embeddings)  # TEI's alias of the OpenAI route
-    app.router.add_post("/embed", tei_embed)
-    app.router.add_post("/embed_all", tei_embed_all)
+    app.router.add_post("/v1/embeddings", _for(EMBED, openai_embeddings, OPENAI))
+    # TEI's alias of the OpenAI route
+    app.router.add_post("/embeddings", _for(EMBED, openai_embeddings, OPENAI))
+    app.router.add_post("/embed", _for(EMBED, tei_embed))
+    app.router.add_post("/embed_all", _for(EMBED, tei_embed_all))
     # text-embeddings-inference's other entry points, as its router serves them for an
     # embedding model: health, the SageMaker/Vertex-style root and /invocations, tokenizer
     # routes and sentence similarity; the ones for other kinds of model answer 424 as TEI does.
     app.router.add_get("/health", tei_health)
     app.router.add_get("/ping", tei_health)
     app.router.add_get("/", tei_health)
-    app.router.add_post("/", tei_root)
-    app.router.add_post("/invocations", tei_root)
+    app.router.add_post("/", _for(EMBED, tei_root))
+    app.router.add_post("/invocations", _for(EMBED, tei_root))
     app.router.add_post("/tokenize", tei_tokenize)
     app.router.add_post("/decode", tei_decode)
-    app.router.add_post("/similarity", tei_similarity)
+    app.router.add_post("/similarity", _for(EMBED, tei_similarity))
     app.router.add_post("/embed_sparse", _not_this_kind("SPLADE (sparse embedding)"))
-    app.router.add_post("/rerank", _not_this_kind("re-ranker"))
-    app.router.add_post("/predict", _not_this_kind("classifier"))
+    app.router.add_post("/rerank", _for(RERANK, tei_rerank))
+    app.router.add_post("/v1/rerank", _for(RERANK, cohere_rerank, OPENAI))
+    app.router.add_post("/predict", _for(CLASSIFY, tei_predict))

@@ -62,6 +62,9 @@ class Output(enum.Enum):
     """Per input, every token's vector, unpooled (/embed_all)."""
     SIMILARITY = "similarity"
     """The first input's cosine similarity with each of the others (/similarity)."""
+    SCORES = "scores"
+    """Per input (a pair, or a text), the classifier's logits (/rerank, /v1/rerank, /predict):
+    the route applies the activation."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ class EmbedRequest:
     """Inputs given as ids are OpenAI's (decoded to text by the engine), not the model's."""
     prompt: str | None = None
     """The text of the prompt the request named (`prompt_name`); None: the default prompt."""
+    second: list[str | None] | None = None
+    """A re-ranker's or classifier's inputs: `texts[i]` is paired with `second[i]` (None: the
+    text alone); None for an embedding request."""
 
 
 def check_unicode(text: str, where: str) -> None:

@@ -223,6 +223,24 @@ async def _warm_serving_path(engine: Engine) -> None:
         dumps(openai_response(result.output, "warmup", result.prompt_tokens, as_base64))
 
 
+# Each task's routes, through both of its APIs where it has two.
+_HTTP_WARMUP: dict[str, tuple[tuple[str, dict], ...]] = {
+    "embed": (
+        ("/v1/embeddings", {"input": ["warm the http path", "and its batching"]}),
+        ("/v1/embeddings", {"input": "warm the http path", "encoding_format": "base64"}),
+        ("/embed", {"inputs": ["warm the http path"]}),
+    ),
+    "rerank": (
+        ("/rerank", {"query": "warm the http path", "texts": ["a", "and its batching"]}),
+        ("/v1/rerank", {"query": "warm the http path", "documents": [{"text": "a"}]}),
+    ),
+    "classify": (
+        ("/predict", {"inputs": "warm the http path"}),
+        ("/predict", {"inputs": [["warm the http path", "and a pair"], ["a batch"]]}),
+    ),
+}
+
+
 async def _warm_http_path(runtime: Runtime) -> bool:
     """Real HTTP requests to this process's own port, through both APIs and both encodings:
     tokenizer thread, batcher, and the request parsing, validation, response building and
@@ -232,11 +250,8 @@ async def _warm_http_path(runtime: Runtime) -> bool:
     if runtime.self_url is None:
         return False
     headers = {WARMUP_HEADER: runtime.warmup_token}
-    requests = (
-        ("/v1/embeddings", {"input": ["warm the http path", "and its batching"]}),
-        ("/v1/embeddings", {"input": "warm the http path", "encoding_format": "base64"}),
-        ("/embed", {"inputs": ["warm the http path"]}),
-    )
+    task = runtime.engine.settings.task if runtime.engine is not None else "embed"
+    requests = _HTTP_WARMUP[task]
     timeout = aiohttp.ClientTimeout(total=30)
     try:
         async with aiohttp.ClientSession(runtime.self_url, timeout=timeout) as session:

@@ -170,6 +170,8 @@ def for_this_machine(spec: dict[str, Any]) -> dict[str, Any]:
     model.pop("source", None)
     model.pop("volume", None)
     model.pop("defaultPromptName", None)  # MiniLM has no prompts of its own to name
+    if model.get("task") in ("rerank", "classify"):  # MiniLM embeds: the model's to refuse
+        model["task"] = "embed"
     largest_bucket = spec["warmup"]["sequenceBuckets"][-1]
     limit = model.get("maxInputLength", LOCAL_INPUT_LIMIT)
     model["maxInputLength"] = min(limit, LOCAL_INPUT_LIMIT, largest_bucket)

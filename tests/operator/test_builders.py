@@ -735,3 +735,11 @@ def test_with_pace_request_a_cpu_pod_warms_within_its_cpu_request() -> None:
     assert cpus(warmup={"pace": "none"}) == []
     # A GPU's warmup waits on the device.
     assert cpus(warmup=paced, runtime={"device": "cuda"}) == []
+
+
+def test_the_task_is_passed_only_when_the_spec_decides_it() -> None:
+    # Unset (auto), the server reads it from the model's folder.
+    args = container(children().deployment)["args"]
+    assert not [a for a in args if a.startswith("--task")]
+    args = container(children(**{"model.task": "rerank"}).deployment)["args"]
+    assert "--task=rerank" in args

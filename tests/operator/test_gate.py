@@ -376,3 +376,14 @@ def test_the_measured_peak_and_limit_are_recorded_for_the_process_judged():
     restarted = copy.deepcopy(pod)
     restarted["status"]["containerStatuses"][0]["restartCount"] = 1
     assert gate.measured_memory(restarted) is None  # another process: not measured yet
+
+
+def test_the_verification_request_follows_the_server_s_task():
+    """A re-ranker's or classifier's pod is timed on its own route (podclient._TIMED): its
+    report's model_settings.task, an embedder's when the report names none."""
+    expected = gate.expectation_for(make_pod())
+    assert gate.evaluate_report(make_report(), expected).task == "embed"
+    for task in ("rerank", "classify"):
+        report = make_report(model_settings={"task": task, "pooling": "mean"})
+        verdict = gate.evaluate_report(report, expected)
+        assert verdict.passed and verdict.task == task

@@ -31,6 +31,8 @@ class Reports:
     def __init__(self, *answers: Any) -> None:
         self.answers = list(answers)
         self.calls = 0
+        self.timed: list[str] = []
+        """The task of each verification request (its route: /embed, /rerank, /predict)."""
 
     async def get_json(self, host: str, port: int, path: str) -> tuple[int, Any]:
         assert path == "/ready"
@@ -40,7 +42,10 @@ class Reports:
             raise answer
         return (200 if answer.get("phase") == "ready" else 503), answer
 
-    async def time_request(self, host: str, port: int, inputs: list[str]) -> float:
+    async def time_request(
+        self, host: str, port: int, inputs: list[str], task: str = "embed"
+    ) -> float:
+        self.timed.append(task)
         return 1.0
 
 

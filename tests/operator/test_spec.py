@@ -216,3 +216,10 @@ def test_scaled_to_zero_means_no_pod_standby_pool_included() -> None:
     # Without scale to zero, replicas 0 keeps its standby pool (a person's choice).
     manual = parse_spec({"model": {"id": "m"}, "replicas": 0, "standbyReplicas": 1})
     assert (manual.scaled_to_zero, manual.pod_replicas) == (False, 1)
+
+
+def test_the_task_is_auto_unless_the_spec_decides_it() -> None:
+    assert parse_spec({"model": {"id": "m"}}).model.task == "auto"
+    assert parse_spec({"model": {"id": "m", "task": "rerank"}}).model.task == "rerank"
+    with pytest.raises(SpecError, match=r"spec\.model\.task"):
+        parse_spec({"model": {"id": "m", "task": "summarize"}})

@@ -611,3 +611,50 @@ async def test_a_pod_that_closes_its_connections_loses_no_request(rig, pods, loa
                     resp.headers.get("Connection", "").lower() != "close"
                 )  # the client's own stays
     assert statuses == [200] * 20
+
+
+@pytest.fixture(scope="module")
+def ranker(tmp_path_factory):
+    """A real warm re-ranker server (a zoo CrossEncoder) on loopback: a re-ranker's pod."""
+    from warmgate_testkit import zoo
+    from warmgate_testkit.process import ServerProcess
+
+    folder = zoo.cross_encoder("bert-mean", tmp_path_factory.mktemp("ranker"), 1, "sigmoid")
+    args = ["--model", str(folder), "--sequence-buckets", "32,64", "--warmup-batch-sizes", "1,4"]
+    with ServerProcess(args) as server:
+        assert server.wait_ready(300)["phase"] == "ready"
+        yield server.port
+
+
+async def test_rerank_and_predict_routes_reach_the_re_ranker_they_name(rig, pods, ranker):
+    """/v1/rerank by the body's model (as Cohere's, Jina's and Infinity's clients send it),
+    TEI's /rerank by header or path; a re-ranking route sent to an embedder gets the pod's
+    424, which says what the model is."""
+    r = await rig()
+    names(r.view, [es("ranker"), es("docs")], [])
+    r.view.on_listing(
+        SLICES, NS, [endpoint_slice("ranker", [ranker]), endpoint_slice("docs", [pods[1]])]
+    )
+    documents = ["a man eats bread", "the weather in Seoul", "readiness gates"]
+    async with aiohttp.ClientSession() as session:
+        body = {"model": "ranker", "query": "Seoul weather", "documents": documents, "top_n": 2}
+        async with session.post(r.url + "/v1/rerank", json=body) as response:
+            assert response.status == 200, await response.text()
+            assert response.headers[SERVICE_HEADER] == f"{NS}/ranker"
+            cohere = await response.json()
+        assert len(cohere["results"]) == 2
+        tei = {"query": "Seoul weather", "texts": documents}
+        for url, headers in (
+            ("/rerank", {MODEL_HEADER: "ranker"}),
+            (f"/models/{NS}/ranker/rerank", {}),
+        ):
+            async with session.post(r.url + url, json=tei, headers=headers) as response:
+                assert response.status == 200, await response.text()
+                ranked = await response.json()
+            # The same pod, the same scores, in either API's shape.
+            top = {item["index"]: item["score"] for item in ranked}
+            for item in cohere["results"]:
+                assert top[item["index"]] == pytest.approx(item["relevance_score"])
+        async with session.post(r.url + "/v1/rerank", json={**body, "model": "docs"}) as response:
+            assert response.status == 424, await response.text()
+            assert "embedding model" in (await response.json())["error"]["message"]

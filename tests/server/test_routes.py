@@ -53,7 +53,9 @@ async def test_probes_and_reports_while_warming_then_ready(start_server) -> None
         "normalize": "modules.json",
         "prompt": "default (no prompt)",
         "max_input_length": "the largest of --sequence-buckets",
+        "task": "modules.json pools token vectors (an embedding model)",
     }
+    assert report["model_settings"]["task"] == "embed"
     assert report["model_settings"]["max_input_length"] == 64
     assert report["ready"] is True and report["error"] is None
     # A folder: no hub commit, and the digest of the weights it holds.

@@ -18,6 +18,17 @@ if TYPE_CHECKING:
     from ..loading import LoadedModel
 
 
+def token_types(batch: Sequence[Sequence[int]], shape: Shape) -> np.ndarray:
+    """(rows, seq_len) token type ids: 1 from each pair's second text on (TokenIds.type_from),
+    else 0."""
+    types = np.zeros(shape, dtype=np.int64)
+    for row, tokens in enumerate(batch):
+        start = getattr(tokens, "type_from", None)
+        if start is not None:
+            types[row, start : len(tokens)] = 1
+    return types
+
+
 class TransformersBackend:
     name = "padded"
     attention = "the model's own"
@@ -32,6 +43,8 @@ class TransformersBackend:
         self.pad_token_id = loaded.pad_token_id
         self.filler_token_id = loaded.cls_token_id
         self.head = head
+        self.scores = loaded.task != "embed"
+        """A re-ranker or classifier: each input's logits, whatever `pool` asks."""
 
     def forward(
         self,
@@ -54,9 +67,11 @@ class TransformersBackend:
                 "attention_mask": torch.from_numpy(mask).to(device),
             }
             if self.uses_token_type_ids:
-                inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
+                inputs["token_type_ids"] = torch.from_numpy(token_types(batch, shape)).to(device)
             with torch.inference_mode():
                 output = self.model(**inputs)
+                if self.scores:  # (inputs, labels): the head's logits, before any activation
+                    return output.logits[:count].float().cpu().numpy()
                 hidden = output[0][:count].float()
                 if not pool:
                     states = [hidden[row, : len(tokens)] for row, tokens in enumerate(batch)]
@@ -72,7 +87,9 @@ class TransformersBackend:
     def warm_kernels(self, threads: int | None) -> int:
         return 0
 
-    def static_forward(self) -> StaticForward:
+    def static_forward(self) -> StaticForward | None:
+        if self.scores:  # a pair's token types are no input of the captured pass
+            return None
         model, head, uses_token_types = self.model, self.head, self.uses_token_type_ids
 
         def model_forward(
