@@ -418,3 +418,127 @@ def test_a_model_of_e5_base_s_size_at_zero_is_woken_by_a_request_and_answers_it_
         f"(held {held:.1f} s); the pod created to Ready {(ready - created).total_seconds():.0f} s, "
         f"its warmup {warmup_seconds(pod)} s"
     )
+
+
+def _claim(kube, tmp_path, name: str, folders: dict[str, Path]) -> str:
+    """A claim named `name` bound to a hostPath volume on the node holding `folders` (each
+    copied under its key), readable by the server's user."""
+    import shutil
+
+    root = tmp_path / f"{name}-volume"
+    for key, source in folders.items():
+        shutil.copytree(source, root / key)
+    for path in (root, *root.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    volume_name = f"{kube.namespace}-{name}"
+    kube.devcluster.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume_name},
+        "spec": {
+            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+            "hostPath": {"path": str(root), "type": "Directory"},
+        },
+    }))  # fmt: skip
+    kube.apply({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": volume_name,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    })  # fmt: skip
+    return volume_name
+
+
+def test_a_re_ranker_through_the_router_and_its_reload_under_pooled_load(
+    kube, operator, router, report, tmp_path
+) -> None:
+    """Issue 43 on the real node: an EmbeddingService whose folder is a CrossEncoder (a zoo
+    BERT with its WordPiece tokenizer) is found to be a re-ranker, verified by the warm gate
+    on /rerank, and served through the router by name at /v1/rerank (the body Cohere's, Jina's
+    and Infinity's clients send) to a pooled client; its reload to other weights under that
+    load: 0 failed, 0 cold, and every answer's scores those of the weights of the revision
+    its pod serves (CrossEncoder.predict, computed here)."""
+    import requests
+    from sentence_transformers import CrossEncoder
+
+    from warmgate_testkit import zoo
+
+    made = {
+        "v1": zoo.cross_encoder("bert-mean", tmp_path / "zoo", 1, "sigmoid", seed=0),
+        "v2": zoo.cross_encoder("bert-mean", tmp_path / "zoo", 1, "sigmoid", seed=5),
+    }
+    volume = _claim(kube, tmp_path, "rankers", made)
+    query = "서울의 날씨는 어떤가요?"
+    documents = ["오늘 서울은 맑습니다.", "A man is eating food.", "readiness gates"]
+    expected = {
+        revision: [float(x) for x in CrossEncoder(str(folder), device="cpu").predict(
+            [(query, doc) for doc in documents]
+        )]
+        for revision, folder in made.items()
+    }  # fmt: skip
+    assert expected["v1"] != expected["v2"]
+
+    def service(revision: str) -> dict:
+        return embedding_service(
+            "ranker", revision, replicas=1, service={"type": "ClusterIP"}, resources=SMALL,
+            # Up to the CrossEncoder's own 64 tokens, so a pair is cut where predict() cuts it.
+            warmup={"sequenceBuckets": [32, 64]},
+            # The gate also times a request on the pod: a re-ranker's is /rerank.
+            rollout={"verifyLatency": True},
+            model={
+                "id": "cross-encoder/ms-marco-MiniLM-L6-v2",
+                "source": {"volume": {"claimName": "rankers", "path": revision}},
+            },
+        )  # fmt: skip
+
+    try:
+        kube.apply(service("v1"))
+        ready = wait_ready(kube, "ranker", "v1", replicas=1, timeout=420)
+        (pod,) = kube.pods("ranker")
+        assert "verification" in (condition(pod, "warmgate.dev/warmed").get("message") or "")
+        body = {"model": "ranker", "query": query, "documents": documents}
+        answers: list[tuple[int, str, str, list[float] | None]] = []
+        stop = threading.Event()
+
+        def send() -> None:
+            with requests.Session() as session:  # pooled keep-alive, as a client holds it
+                while not stop.is_set():
+                    try:
+                        answer = session.post(router.url + "/v1/rerank", json=body, timeout=30)
+                    except requests.RequestException as error:
+                        answers.append((0, "", str(error), None))
+                        continue
+                    scores = None
+                    if answer.status_code == 200:
+                        ranked = sorted(answer.json()["results"], key=lambda r: r["index"])
+                        scores = [r["relevance_score"] for r in ranked]
+                    answers.append((
+                        answer.status_code, answer.headers.get("X-Warmgate-Cold", ""),
+                        answer.headers.get("X-Warmgate-Revision", ""), scores,
+                    ))  # fmt: skip
+
+        threads = [threading.Thread(target=send) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_until(lambda: len(answers) >= 20, 60, "answers before the reload")
+            kube.apply(service("v2"))
+            wait_ready(kube, "ranker", "v2", replicas=1, timeout=420)
+            wait_until(lambda: any(a[2] == "v2" for a in answers[-5:]), 120, "answers of v2")
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(60)
+        failed = [a for a in answers if a[0] != 200]
+        cold = [a for a in answers if a[1] != "0"]
+        assert not failed, failed[:3]
+        assert not cold, cold[:3]
+        for _status, _cold, revision, scores in answers:
+            assert scores == pytest.approx(expected[revision], abs=1e-5), revision
+        report(
+            f"re-ranker through the router: {len(answers)} pooled /v1/rerank requests across "
+            f"its reload, 0 failed, 0 cold, each scored by its revision's weights; "
+            f"status.model {ready['status'].get('model')}"
+        )
+    finally:
+        kube.devcluster.kubectl("delete", "pv", volume, "--wait=false", check=False)
