@@ -103,7 +103,7 @@ class PodClient:
         (/embed; a re-ranker's /rerank, `inputs` the documents and the first the query; a
         classifier's /predict, each input alone); raises one of ERRORS when it fails (a
         status outside 2xx included)."""
-        path, body = _TIMED[task](inputs) if task in _TIMED else _TIMED["embed"](inputs)
+        path, body = _TIMED.get(task, _TIMED["embed"])(inputs)
         async with self._slots:
             started = time.perf_counter()
             try:

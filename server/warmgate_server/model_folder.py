@@ -31,9 +31,12 @@ EMBED, RERANK, CLASSIFY = "embed", "rerank", "classify"
 TASKS = (EMBED, RERANK, CLASSIFY)
 """What a served model does (--task, spec.model.task): embeds texts; scores (query, document)
 pairs with a one-label cross-encoder; classifies texts or pairs into a classifier's labels."""
+AMBIGUOUS = "ambiguous"
+"""FolderSettings.task of a folder that could be either (resolve refuses it without --task)."""
 SIGMOID = "torch.nn.modules.activation.Sigmoid"
 IDENTITY = "torch.nn.modules.linear.Identity"
-ACTIVATIONS = {SIGMOID, IDENTITY, "torch.nn.modules.activation.Tanh"}
+TANH = "torch.nn.modules.activation.Tanh"
+ACTIVATIONS = {SIGMOID, IDENTITY, TANH}
 """The cross-encoder activations this server applies (sentence-transformers' defaults, and
 Tanh); another is refused, naming it."""
 
@@ -476,10 +479,6 @@ def read_folder(folder: Path, trust_remote_code: bool | None = None) -> FolderSe
         max_seq_length=max_seq_length,
         **common,
     )
-
-
-AMBIGUOUS = "ambiguous"
-"""FolderSettings.task of a folder that could be either (resolve refuses it without --task)."""
 
 
 def _classifier(config: Mapping[str, Any]) -> str | None:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from .errors import validation
-from .model_folder import IDENTITY, SIGMOID
-from .schemas import EmbedRequest, Limits, Output, _bool, _object, check_unicode
+from .model_folder import IDENTITY, SIGMOID, TANH
+from .schemas import EmbedRequest, Limits, Output, check_unicode, parse_flag, parse_object
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ def activate(logits: np.ndarray, activation: str | None) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-logits))
     if activation == IDENTITY:
         return logits
+    assert activation == TANH, activation  # model_folder refuses any other
     return np.tanh(logits)
 
 
@@ -96,7 +97,7 @@ def _documents(value: object, field: str, limits: Limits, objects: bool) -> list
 
 def parse_rerank(body: object, limits: Limits) -> RankRequest:
     """TEI's /rerank: `query`, `texts`, `raw_scores`, `return_text`, `truncate`."""
-    fields = _object(body)
+    fields = parse_object(body)
     query = _string(fields.get("query"), "query")
     texts = _documents(fields.get("texts"), "texts", limits, objects=False)
     direction = fields.get("truncation_direction", "right")
@@ -112,9 +113,9 @@ def parse_rerank(body: object, limits: Limits) -> RankRequest:
         second=list(texts),
         normalize=False,
         output=Output.SCORES,
-        truncate=_bool(fields.get("truncate"), "truncate", limits.auto_truncate),
-        raw_scores=_bool(fields.get("raw_scores"), "raw_scores", False),
-        return_text=_bool(fields.get("return_text"), "return_text", False),
+        truncate=parse_flag(fields.get("truncate"), "truncate", limits.auto_truncate),
+        raw_scores=parse_flag(fields.get("raw_scores"), "raw_scores", False),
+        return_text=parse_flag(fields.get("return_text"), "return_text", False),
     )
 
 
@@ -122,7 +123,7 @@ def parse_cohere_rerank(body: object, limits: Limits) -> RankRequest:
     """The Cohere-style /v1/rerank: `query`, `documents` (strings or {"text": ...}), `top_n`,
     `return_documents` (default false, as Cohere's v2 API); `model` is the router's business.
     Inputs over the model's limit are truncated, as Cohere, Jina and Infinity do."""
-    fields = _object(body)
+    fields = parse_object(body)
     query = _string(fields.get("query"), "query")
     documents = _documents(fields.get("documents"), "documents", limits, objects=True)
     top_n = fields.get("top_n")
@@ -134,7 +135,7 @@ def parse_cohere_rerank(body: object, limits: Limits) -> RankRequest:
         normalize=False,
         output=Output.SCORES,
         truncate=True,
-        return_text=_bool(fields.get("return_documents"), "return_documents", False),
+        return_text=parse_flag(fields.get("return_documents"), "return_documents", False),
         top_n=top_n,
         cohere=True,
     )
@@ -142,7 +143,7 @@ def parse_cohere_rerank(body: object, limits: Limits) -> RankRequest:
 
 def parse_predict(body: object, limits: Limits) -> PredictRequest:
     """TEI's /predict: `inputs` a text, a [text] or [text, text] pair, or a list of those."""
-    fields = _object(body)
+    fields = parse_object(body)
     value = fields.get("inputs")
     message = (
         "`inputs` must be a string, a list of one or two strings (a text or a pair), or a "
@@ -171,8 +172,8 @@ def parse_predict(body: object, limits: Limits) -> PredictRequest:
         second=second,
         normalize=False,
         output=Output.SCORES,
-        truncate=_bool(fields.get("truncate"), "truncate", limits.auto_truncate),
-        raw_scores=_bool(fields.get("raw_scores"), "raw_scores", False),
+        truncate=parse_flag(fields.get("truncate"), "truncate", limits.auto_truncate),
+        raw_scores=parse_flag(fields.get("raw_scores"), "raw_scores", False),
         batch=batch,
     )
 

@@ -23,6 +23,7 @@ from .errors import ModelLoadError
 from .lifecycle import Lifecycle
 from .loading import LoadedModel, load_model
 from .memory import ProcessProbe
+from .model_folder import CLASSIFY, EMBED, RERANK
 from .preflight import check_loading_fits
 from .schemas import EmbedRequest, dumps, openai_response
 from .settle import SettleRule
@@ -225,16 +226,16 @@ async def _warm_serving_path(engine: Engine) -> None:
 
 # Each task's routes, through both of its APIs where it has two.
 _HTTP_WARMUP: dict[str, tuple[tuple[str, dict], ...]] = {
-    "embed": (
+    EMBED: (
         ("/v1/embeddings", {"input": ["warm the http path", "and its batching"]}),
         ("/v1/embeddings", {"input": "warm the http path", "encoding_format": "base64"}),
         ("/embed", {"inputs": ["warm the http path"]}),
     ),
-    "rerank": (
+    RERANK: (
         ("/rerank", {"query": "warm the http path", "texts": ["a", "and its batching"]}),
         ("/v1/rerank", {"query": "warm the http path", "documents": [{"text": "a"}]}),
     ),
-    "classify": (
+    CLASSIFY: (
         ("/predict", {"inputs": "warm the http path"}),
         ("/predict", {"inputs": [["warm the http path", "and a pair"], ["a batch"]]}),
     ),
@@ -250,7 +251,7 @@ async def _warm_http_path(runtime: Runtime) -> bool:
     if runtime.self_url is None:
         return False
     headers = {WARMUP_HEADER: runtime.warmup_token}
-    task = runtime.engine.settings.task if runtime.engine is not None else "embed"
+    task = runtime.engine.settings.task if runtime.engine is not None else EMBED
     requests = _HTTP_WARMUP[task]
     timeout = aiohttp.ClientTimeout(total=30)
     try:

@@ -76,7 +76,7 @@ class WarmState:
         self._tables: dict[str, dict[str, Any]] = {}
         self._warned = False
         self.hits: dict[str, int] = {"sha256": 0, "linear": 0}
-        """Entries reused this start, by kind (/ready's warm_state)."""
+        """Entries reused this start, by kind (the start's log line says how many)."""
 
     def file_sha256(self, path: Path, compute: Callable[[Path], str]) -> str:
         """`path`'s sha256, kept by its identity; `compute` reads it when not kept."""
@@ -107,12 +107,6 @@ class WarmState:
         value = measure()
         self._put("linear", key, value)
         return value, False
-
-    def report(self) -> dict[str, Any] | None:
-        """/ready's warm_state: the folder and what this start reused from it."""
-        if self.folder is None:
-            return None
-        return {"folder": str(self.folder), "reused": dict(self.hits)}
 
     def _count(self, kind: str) -> None:
         with self._lock:

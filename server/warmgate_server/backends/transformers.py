@@ -11,6 +11,7 @@ import torch
 
 from warmgate_contract.shapes import Shape
 
+from ..model_folder import EMBED
 from .base import StaticForward, fill_padded, per_input, torch_threads
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class TransformersBackend:
         self.pad_token_id = loaded.pad_token_id
         self.filler_token_id = loaded.cls_token_id
         self.head = head
-        self.scores = loaded.task != "embed"
+        self.scores = loaded.task != EMBED
         """A re-ranker or classifier: each input's logits, whatever `pool` asks."""
 
     def forward(
