@@ -44,7 +44,6 @@ from loadgen import closed_loop, markdown_table
 from warmgate_testkit import zoo
 from warmgate_testkit.process import ServerProcess
 
-CACHE = Path(os.environ.get("WARMGATE_BENCH_MODELS", "~/.cache/warmgate/bench-models"))
 BEGIN, END = "<!-- model-benchmarks:begin -->", "<!-- model-benchmarks:end -->"
 SHAPES = zoo.XLMR_SHAPES
 # Sentences of several languages and lengths, as multilingual traffic has them.
@@ -99,7 +98,7 @@ def parse_args() -> argparse.Namespace:
 
 def build(shape: str) -> Path:
     """The model of `shape` as a sentence-transformers folder (made once, cached)."""
-    return zoo.shaped(shape, CACHE.expanduser())
+    return zoo.shaped(shape)
 
 
 def memory_of(pid: int) -> dict[str, float]:

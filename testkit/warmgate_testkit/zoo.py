@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -612,14 +613,19 @@ tokens of vocabulary, random weights): what the benchmarks and the real node's w
 XLMR_POOLING = {"e5-base": "mean", "bge-m3": "cls"}
 
 
-def shaped(shape: str, root: Path) -> Path:
+SHAPED_ROOT = Path(os.environ.get("WARMGATE_BENCH_MODELS", "~/.cache/warmgate/bench-models"))
+"""Where `shaped` keeps its folders by default (outside any checkout: they are GiBs)."""
+
+
+def shaped(shape: str, root: Path | None = None) -> Path:
     """The XLM-R of `shape` (XLMR_SHAPES) as a sentence-transformers folder in the hub layout,
-    under `root` (made once, about 20 s and 1.1 GiB for e5-base; later calls reuse it)."""
+    under `root` (SHAPED_ROOT by default; made once, about 20 s and 1.1 GiB for e5-base; later
+    calls reuse it)."""
     import torch
     from sentence_transformers import SentenceTransformer, models
     from transformers import XLMRobertaConfig, XLMRobertaModel
 
-    folder = root / f"xlm-roberta-{shape}"
+    folder = (root or SHAPED_ROOT).expanduser() / f"xlm-roberta-{shape}"
     family = replace(FAMILIES["xlm-roberta-mean"], max_seq_length=512)
     if (folder / "modules.json").is_file():
         if "sentence_transformers.models." not in (folder / "modules.json").read_text():

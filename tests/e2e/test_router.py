@@ -17,6 +17,7 @@ port: the OpenAI SDK (pooled, retries off), LangChain (tiktoken ids) and LlamaIn
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,7 +48,6 @@ from warmgate_router.proxy import HELD_HEADER
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-BENCH_MODELS = os.environ.get("WARMGATE_BENCH_MODELS", "~/.cache/warmgate/bench-models")
 SMALL = {"requests": {"cpu": "100m", "memory": "512Mi"}}
 MAX_HELD = 6
 
@@ -327,45 +327,53 @@ def test_scale_to_zero_and_back_holds_requests_and_answers_them_warm(
     )
 
 
-@pytest.fixture
-def e5_base_claim(kube, tmp_path) -> Iterator[str]:
-    """A claim bound to a hostPath volume on the node holding an XLM-R folder of
-    multilingual-e5-base's size (zoo.shaped: 12 layers of 768, 250,002 tokens, 1.1 GiB of
-    random weights; the hub has no real copy here), hard-linked from the benchmarks' cache."""
-    from warmgate_testkit import zoo
-
-    built = zoo.shaped("e5-base", Path(BENCH_MODELS).expanduser())
-    folder = tmp_path / "volume" / "e5-base"
-    folder.mkdir(parents=True)
-    for item in built.rglob("*"):
-        target = folder / item.relative_to(built)
-        if item.is_dir():
-            target.mkdir()
-        else:
-            item.chmod(0o644)  # the server's user reads it (a link shares the mode)
-            os.link(item, target)
-    for directory in (folder, *[p for p in folder.rglob("*") if p.is_dir()]):
-        directory.chmod(0o755)
-    volume_name = f"{kube.namespace}-e5"
+@contextlib.contextmanager
+def model_claim(kube, tmp_path: Path, name: str, folders: dict[str, Path]) -> Iterator[str]:
+    """A claim `name` bound to a hostPath volume on the node holding each of `folders` under
+    its key (hard-linked, not copied: e5-base's size is 1.1 GiB), readable by the server's
+    user; the volume is deleted on the way out (the claim goes with the namespace)."""
+    root = tmp_path / f"{name}-volume"
+    for key, built in folders.items():
+        for item in (built, *built.rglob("*")):
+            target = root / key / item.relative_to(built)
+            if item.is_dir():
+                target.mkdir(parents=True)
+                target.chmod(0o755)
+            else:
+                item.chmod(0o644)  # a link shares the mode
+                os.link(item, target)
+    root.chmod(0o755)
+    volume_name = f"{kube.namespace}-{name}"
     kube.devcluster.kubectl("apply", "-f", "-", input=json.dumps({
         "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume_name},
         "spec": {
             "capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteOnce"],
             "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-            "hostPath": {"path": str(folder.parent), "type": "Directory"},
+            "hostPath": {"path": str(root), "type": "Directory"},
         },
     }))  # fmt: skip
     kube.apply({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "e5"},
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
         "spec": {
             "accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": volume_name,
             "resources": {"requests": {"storage": "2Gi"}},
         },
     })  # fmt: skip
     try:
-        yield "e5"
+        yield name
     finally:
         kube.devcluster.kubectl("delete", "pv", volume_name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def e5_base_claim(kube, tmp_path) -> Iterator[str]:
+    """A claim holding an XLM-R folder of multilingual-e5-base's size (zoo.shaped: 12 layers
+    of 768, 250,002 tokens, random weights; the hub has no real copy here), made once in the
+    benchmarks' cache."""
+    from warmgate_testkit import zoo
+
+    with model_claim(kube, tmp_path, "e5", {"e5-base": zoo.shaped("e5-base")}) as claim:
+        yield claim
 
 
 def test_a_model_of_e5_base_s_size_at_zero_is_woken_by_a_request_and_answers_it_warm(
@@ -420,35 +428,6 @@ def test_a_model_of_e5_base_s_size_at_zero_is_woken_by_a_request_and_answers_it_
     )
 
 
-def _claim(kube, tmp_path, name: str, folders: dict[str, Path]) -> str:
-    """A claim named `name` bound to a hostPath volume on the node holding `folders` (each
-    copied under its key), readable by the server's user."""
-    import shutil
-
-    root = tmp_path / f"{name}-volume"
-    for key, source in folders.items():
-        shutil.copytree(source, root / key)
-    for path in (root, *root.rglob("*")):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    volume_name = f"{kube.namespace}-{name}"
-    kube.devcluster.kubectl("apply", "-f", "-", input=json.dumps({
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume_name},
-        "spec": {
-            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-            "hostPath": {"path": str(root), "type": "Directory"},
-        },
-    }))  # fmt: skip
-    kube.apply({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": volume_name,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    })  # fmt: skip
-    return volume_name
-
-
 def test_a_re_ranker_through_the_router_and_its_reload_under_pooled_load(
     kube, operator, router, report, tmp_path
 ) -> None:
@@ -467,7 +446,6 @@ def test_a_re_ranker_through_the_router_and_its_reload_under_pooled_load(
         "v1": zoo.cross_encoder("bert-mean", tmp_path / "zoo", 1, "sigmoid", seed=0),
         "v2": zoo.cross_encoder("bert-mean", tmp_path / "zoo", 1, "sigmoid", seed=5),
     }
-    volume = _claim(kube, tmp_path, "rankers", made)
     query = "서울의 날씨는 어떤가요?"
     documents = ["오늘 서울은 맑습니다.", "A man is eating food.", "readiness gates"]
     expected = {
@@ -491,7 +469,7 @@ def test_a_re_ranker_through_the_router_and_its_reload_under_pooled_load(
             },
         )  # fmt: skip
 
-    try:
+    with model_claim(kube, tmp_path, "rankers", made):
         kube.apply(service("v1"))
         ready = wait_ready(kube, "ranker", "v1", replicas=1, timeout=420)
         (pod,) = kube.pods("ranker")
@@ -540,5 +518,3 @@ def test_a_re_ranker_through_the_router_and_its_reload_under_pooled_load(
             f"its reload, 0 failed, 0 cold, each scored by its revision's weights; "
             f"status.model {ready['status'].get('model')}"
         )
-    finally:
-        kube.devcluster.kubectl("delete", "pv", volume, "--wait=false", check=False)

@@ -362,3 +362,18 @@ async def test_a_pod_neither_gated_nor_an_embedding_services_is_left_alone() -> 
     await asyncio.sleep(0.05)
     assert gatekeeper.active == 0 and reports.calls == 0
     await gatekeeper.close()
+
+
+@pytest.mark.parametrize("task", ["embed", "rerank", "classify"])
+async def test_a_timed_verification_goes_to_the_route_of_the_server_s_task(task: str) -> None:
+    """With rollout.verifyLatency, the gate times a request on the pod before opening: on the
+    route its report's task serves (podclient._TIMED; /embed would be refused by a
+    re-ranker's server, and its pod never let in)."""
+    settings = {"task": task, "pooling": "mean"} if task != "embed" else None
+    reports, writer = Reports(make_report(model_settings=settings)), Writer()
+    gatekeeper = Gatekeeper(
+        writer, reports, no_events, Metrics(), FAST, verify_latency=lambda pod: True
+    )  # type: ignore[arg-type]
+    await run(gatekeeper, make_pod(), lambda: writer.patches)
+    assert reports.timed == [task]
+    assert writer.statuses()[0] == ("True", names.REASON_VERIFIED)
