@@ -144,6 +144,10 @@ bench-models: install ## XLM-R of multilingual-e5-base's shape: warmgate vs Infi
 bench-warm: install ## Time to /ready and first-request ratios (P1): this warmup, the earlier one, none; MiniLM, e5-base and bge-m3 shapes
 	$(PY) bench/server/bench_warm.py $(BENCH_ARGS)
 
+.PHONY: bench-multi
+bench-multi: install ## bge-m3's shape: dense + sparse + ColBERT from one pass against dense alone (issue 43)
+	$(PY) bench/server/bench_multi.py $(BENCH_ARGS)
+
 .PHONY: bench-families
 bench-families: install ## The packed pass against transformers' per family (BERT, DistilBERT, MPNet, Qwen3, EmbeddingGemma) at real sizes, one thread
 	$(PY) bench/server/bench_families.py $(BENCH_ARGS)

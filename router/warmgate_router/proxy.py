@@ -63,7 +63,7 @@ PASSED_HEADERS = ("content-type", "content-encoding", "server-timing", "retry-af
 FORWARDED_HEADERS = ("Accept", "Accept-Encoding")
 TEI_ROUTES = (
     "embed", "embed_all", "tokenize", "decode", "similarity", "embeddings", "invocations",
-    "rerank", "predict", "embed_sparse",
+    "rerank", "predict", "embed_sparse", "embed_multi",
 )  # fmt: skip
 
 

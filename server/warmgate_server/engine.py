@@ -33,7 +33,7 @@ from .pre import Preprocessor
 from .runner import ModelRunner
 from .scheduler import Scheduler, StageTimes
 from .schemas import EmbedRequest, Output
-from .serving import module_chain, request_limits, resolve_settings
+from .serving import module_chain, multi_head, request_limits, resolve_settings
 from .settle import SettleRule, default_rule
 from .warming import Warmup
 from .workers import Workers
@@ -71,15 +71,17 @@ class Engine:
         self.metrics = metrics
         self.settings = settings = resolve_settings(config, loaded)
         assert settings.max_input_length is not None
+        head = module_chain(settings, loaded)
         self.runner = runner = ModelRunner(
             loaded,
-            module_chain(settings, loaded),
+            head,
             settings.max_input_length,
             packed=config.packing != "off",
             prompt=settings.default_prompt,
             include_prompt=settings.include_prompt,
             lowercase=settings.lowercase,
             backend=config.backend,
+            multi=multi_head(settings, loaded, head),
         )
         runner.faults = faults
         self.workers = Workers(config, loaded, runner, model_threads, solo_threads)

@@ -130,6 +130,35 @@ class NormalizeModule:
 
 Step = DenseModule | NormalizeModule
 
+SPARSE_HEAD, COLBERT_HEAD = "sparse_linear.pt", "colbert_linear.pt"
+"""bge-m3's heads beside its encoder, as FlagEmbedding saves and loads them."""
+
+
+@dataclass(frozen=True)
+class MultiHeads:
+    """bge-m3's outputs beyond the dense vector (multi.py): its lexical weights
+    (`sparse_linear.pt`: hidden -> 1) and its ColBERT vectors (`colbert_linear.pt`: hidden ->
+    hidden), each computed from the same pass's token states. None: the folder lacks it."""
+
+    sparse: Path | None = None
+    colbert: Path | None = None
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (
+            ("dense",)
+            + ("sparse",) * (self.sparse is not None)
+            + (("colbert",) * (self.colbert is not None))
+        )
+
+
+def multi_heads(folder: Path) -> MultiHeads | None:
+    """The folder's bge-m3 heads, or None where it has neither."""
+    sparse, colbert = folder / SPARSE_HEAD, folder / COLBERT_HEAD
+    if not sparse.is_file() and not colbert.is_file():
+        return None
+    return MultiHeads(sparse if sparse.is_file() else None, colbert if colbert.is_file() else None)
+
 
 @dataclass(frozen=True)
 class FolderSettings:
@@ -162,6 +191,8 @@ class FolderSettings:
     default, Sigmoid for one label and Identity for more (sentence-transformers')."""
     labels: tuple[str, ...] = ()
     """A classifier's labels in id order (config.json's id2label)."""
+    multi: MultiHeads | None = None
+    """An embedder's sparse and ColBERT heads (bge-m3's), or None."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +216,14 @@ class ModelSettings:
     activation: str | None = None
     """A re-ranker's or classifier's activation (an import path; None: the default)."""
     labels: tuple[str, ...] = ()
+    multi: MultiHeads | None = None
+    """The sparse and ColBERT heads served beside the dense vector (an embedder's), or None."""
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """What /embed_multi can answer: dense, and sparse and colbert where the folder has
+        their heads."""
+        return self.multi.outputs if self.multi is not None else ("dense",)
 
     @property
     def pooling(self) -> str:
@@ -214,6 +253,7 @@ class ModelSettings:
             "default_prompt": self.default_prompt,
             "max_input_length": self.max_input_length,
             "task": self.task,
+            "outputs": list(self.outputs),
             **(
                 {"activation": self.activation or "default", "labels": list(self.labels)}
                 if self.task != EMBED
@@ -469,6 +509,7 @@ def read_folder(folder: Path, trust_remote_code: bool | None = None) -> FolderSe
             f"architectures name {classifier} (a classifier)"
         )
     return FolderSettings(
+        multi=multi_heads(folder) if classifier is None else None,
         pooling=modes,
         pooling_source=relative,
         normalize=normalize,
@@ -651,6 +692,7 @@ def resolve(
         task=task,
         activation=found.activation,
         labels=found.labels,
+        multi=found.multi if task == EMBED else None,
     )
 
 

@@ -25,12 +25,21 @@ def finish_vectors(vectors: np.ndarray, dimensions: int | None, normalize: bool)
     return normalized(vectors) if normalize else vectors
 
 
+def dense_of(output: object) -> np.ndarray:
+    """An input's pooled vector: the output itself, or the dense one of bge-m3's pass
+    (multi.MultiOutput)."""
+    return output if isinstance(output, np.ndarray) else output.dense  # type: ignore[attr-defined]
+
+
 def finish(outputs: Sequence[np.ndarray], request: EmbedRequest) -> np.ndarray | list[np.ndarray]:
     """What `request` asked for, from its outputs in input order (pooled vectors, or token
     states for Output.TOKENS): (inputs, dims) vectors, per input its (tokens, hidden) states,
     or the first input's cosine similarity with each of the others."""
     if request.output is Output.TOKENS:
         return [normalized(states) for states in outputs] if request.normalize else list(outputs)
+    if request.output is Output.MULTI:  # multi.MultiOutput per input: the route renders them
+        return list(outputs)
+    outputs = [dense_of(output) for output in outputs]
     vectors = np.stack(outputs)
     if request.output is Output.SCORES:
         return vectors

@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
+import numpy as np
 from aiohttp import web
 
 from warmgate_contract.names import (
@@ -20,7 +21,7 @@ from warmgate_contract.names import (
     ROLE_STANDBY,
 )
 
-from . import __version__
+from . import __version__, post
 from .config import ServerConfig
 from .context import RUNTIME, Runtime
 from .draining import CLOSE_AFTER, close_connections
@@ -42,15 +43,18 @@ from .schemas import (
     Limits,
     dumps,
     exact_floats,
+    needs,
     openai_response,
     parse_flag,
     parse_id_lists,
+    parse_multi,
     parse_object,
     parse_openai,
     parse_prompt_name,
     parse_similarity,
     parse_strings,
     parse_tei,
+    parse_tei_sparse,
     parse_tei_tokens,
 )
 
@@ -409,6 +413,55 @@ async def tei_embed_all(request: web.Request) -> web.Response:
     return await _embed(request, TEI, parse_tei_tokens, _render_token_states)
 
 
+def _unused_ids(runtime: Runtime) -> frozenset[int]:
+    assert runtime.engine is not None and runtime.engine.runner.multi is not None
+    return runtime.engine.runner.multi.unused
+
+
+def _render_sparse(runtime: Runtime, parsed: EmbedRequest, result: Result) -> object:
+    """TEI's /embed_sparse answer: per input its non-zero weights, [{index, value}], by id."""
+    unused = _unused_ids(runtime)
+    return [
+        [
+            {"index": index, "value": value}
+            for index, value in sorted(output.lexical_weights(unused).items())
+        ]
+        for output in result.output
+    ]
+
+
+def _render_multi(runtime: Runtime, parsed: EmbedRequest, result: Result) -> object:
+    """/embed_multi's answer, keyed as BGEM3FlagModel.encode's: `dense_vecs` (per input),
+    `lexical_weights` (per input {token id: weight}, its ids as strings as FlagEmbedding's)
+    and `colbert_vecs` (per input, a unit vector per token after the first), as asked."""
+    outputs = result.output
+    answer: dict[str, object] = {}
+    if "dense" in parsed.parts:
+        dense = np.stack([post.dense_of(output) for output in outputs])
+        answer["dense_vecs"] = exact_floats(
+            post.finish_vectors(dense, parsed.dimensions, parsed.normalize)
+        )
+    if "sparse" in parsed.parts:
+        unused = _unused_ids(runtime)
+        answer["lexical_weights"] = [
+            {str(index): value for index, value in output.lexical_weights(unused).items()}
+            for output in outputs
+        ]
+    if "colbert" in parsed.parts:
+        answer["colbert_vecs"] = [exact_floats(output.colbert) for output in outputs]
+    return answer
+
+
+async def tei_embed_sparse(request: web.Request) -> web.Response:
+    """TEI's /embed_sparse: bge-m3's lexical weights (its sparse head)."""
+    return await _embed(request, TEI, parse_tei_sparse, _render_sparse)
+
+
+async def embed_multi(request: web.Request) -> web.Response:
+    """bge-m3's dense, sparse and ColBERT outputs, as asked, from one forward pass."""
+    return await _embed(request, TEI, parse_multi, _render_multi)
+
+
 async def tei_similarity(request: web.Request) -> web.Response:
     return await _embed(request, TEI_SIMILARITY, parse_similarity, _render_scores)
 
@@ -472,14 +525,6 @@ async def tei_root(request: web.Request) -> web.Response:
     return await tei_embed(request)
 
 
-def _not_this_kind(kind: str) -> Handler:
-    async def handler(request: web.Request) -> web.Response:
-        message = f"model is not a {kind} model: this server embeds text (/embed, /v1/embeddings)"
-        return _tei_error(Refused(424, message, "backend", "wrong_model_type"))
-
-    return handler
-
-
 # What each task's model serves, and what a route of another task tells its client.
 _TASK_ROUTES = {
     EMBED: "an embedding model: this server embeds text (/embed, /v1/embeddings)",
@@ -500,6 +545,22 @@ def _for(task: str, handler: Handler, api: Api = TEI) -> Handler:
             message = f"model is not {_KINDS[task]} model: it is {_TASK_ROUTES[served]}"
             refused = Refused(424, message, "backend", "wrong_model_type")
             return api.error(refused, {COLD_HEADER: "0"})
+        return await handler(request)
+
+    return checked
+
+
+def _giving(part: str, handler: Handler) -> Handler:
+    """`handler`, for a model with the `part` output (schemas.Limits.outputs); a model
+    without answers 424, whatever the body, as a route of another kind of model does."""
+
+    async def checked(request: web.Request) -> web.Response:
+        engine = request.app[RUNTIME].engine
+        if engine is not None:
+            try:
+                needs(engine.limits, (part,), request.path)
+            except Refused as refused:
+                return _tei_error(refused)
         return await handler(request)
 
     return checked
@@ -585,7 +646,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/tokenize", tei_tokenize)
     app.router.add_post("/decode", tei_decode)
     app.router.add_post("/similarity", _for(EMBED, tei_similarity))
-    app.router.add_post("/embed_sparse", _not_this_kind("SPLADE (sparse embedding)"))
+    app.router.add_post("/embed_sparse", _for(EMBED, _giving("sparse", tei_embed_sparse)))
+    app.router.add_post("/embed_multi", _for(EMBED, embed_multi))
     app.router.add_post("/rerank", _for(RERANK, tei_rerank))
     app.router.add_post("/v1/rerank", _for(RERANK, cohere_rerank, OPENAI))
     app.router.add_post("/predict", _for(CLASSIFY, tei_predict))

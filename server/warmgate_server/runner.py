@@ -26,6 +26,7 @@ from .pre import Tokenization
 if TYPE_CHECKING:
     from .backends.graphs import GraphSet
     from .head import Head
+    from .multi import MultiHead
 
 # Text whose tokens fill warmup inputs. Real words, so the tokenizer path is the serving one.
 _WARMUP_TEXT = (
@@ -62,9 +63,11 @@ class ModelRunner:
         include_prompt: bool = True,
         lowercase: bool = False,
         backend: str = "torch",
+        multi: MultiHead | None = None,
     ) -> None:
         """`packed`: warmgate's padding-free pass where the load made one (False: the model's
-        own, padded); `backend`: --backend (torch or onnxruntime)."""
+        own, padded); `backend`: --backend (torch or onnxruntime); `multi`: bge-m3's sparse and
+        ColBERT heads (multi.py), which every pooled batch then runs beside the dense head."""
         from .head import Head
 
         self.loaded = loaded
@@ -81,6 +84,9 @@ class ModelRunner:
         """The pre stage's half: inputs to token ids."""
         self.backend = backends.choose(loaded, self.head, backends.Wanted(packed, backend))
         """The forward path (backends/), chosen once; CUDA graphs wrap it (`graphs`)."""
+        self.multi = multi
+        """bge-m3's heads: a pooled batch's outputs are then multi.MultiOutput (dense, sparse
+        and ColBERT from the same token states), not vectors."""
         self._executed: set[tuple[int, Shape, str, int | None]] = set()
         """(worker, shape, backend route, threads) already run: a shape's eager pass and its
         graph are warm apart."""
@@ -160,6 +166,8 @@ class ModelRunner:
         of a long pass: the layers share their kernels and shapes); other passes run whole."""
         started, cpu_started = time.perf_counter(), time.thread_time()
         backend = self.backend
+        multi = self.multi if pool else None
+        pool = pool and multi is None  # bge-m3's heads take every token's state
         key = (worker, shape, backend.route(shape, worker, pool), threads)
         first_time = key not in self._executed
         if self.faults is not None:
@@ -167,6 +175,11 @@ class ModelRunner:
         vectors = backend.forward(
             batch, shape, worker=worker, pool=pool, threads=threads, layers=layers
         )
+        if multi is not None:
+            from .backends.base import torch_threads
+
+            with torch_threads(threads):
+                vectors = multi(vectors, batch)
         self._executed.add(key)
         return BatchResult(
             vectors,

@@ -47,6 +47,9 @@ class Limits:
     auto_truncate: bool = False
     prompts: Mapping[str, str] = field(default_factory=dict)
     """The model's named prompts, which a request picks with `prompt_name`."""
+    outputs: tuple[str, ...] = ("dense",)
+    """What the model gives besides its dense vector: "sparse" and "colbert" where the folder
+    has bge-m3's heads (model_folder.MultiHeads)."""
 
 
 Input = str | list[int]
@@ -65,6 +68,9 @@ class Output(enum.Enum):
     SCORES = "scores"
     """Per input (a pair, or a text), the classifier's logits (/rerank, /v1/rerank, /predict):
     the route applies the activation."""
+    MULTI = "multi"
+    """Per input, bge-m3's outputs from one pass (multi.MultiOutput): /embed_sparse's lexical
+    weights, /embed_multi's `parts`."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,8 @@ class EmbedRequest:
     second: list[str | None] | None = None
     """A re-ranker's or classifier's inputs: `texts[i]` is paired with `second[i]` (None: the
     text alone); None for an embedding request."""
+    parts: tuple[str, ...] = ()
+    """Output.MULTI: which of "dense", "sparse" and "colbert" the answer holds."""
 
 
 def check_unicode(text: str, where: str) -> None:
@@ -320,6 +328,53 @@ def parse_tei_tokens(body: object, limits: Limits) -> EmbedRequest:
     parsed = parse_tei(body, limits)
     normalize = _bool(_object(body).get("normalize"), "normalize", False)
     return replace(parsed, output=Output.TOKENS, normalize=normalize)
+
+
+_HEAD_FILES = {"sparse": "sparse_linear.pt", "colbert": "colbert_linear.pt"}
+
+
+def needs(limits: Limits, parts: tuple[str, ...], route: str) -> None:
+    """424 (TEI's status for a route of another kind of model) when the model lacks a head."""
+    for part in parts:
+        if part not in limits.outputs:
+            raise Refused(
+                424,
+                f"model has no {part} output: {route} serves bge-m3's {part} head "
+                f"({_HEAD_FILES[part]} beside the encoder), which this model's folder lacks "
+                "(SPLADE models are not served)",
+                "backend",
+                "wrong_model_type",
+            )
+
+
+def parse_tei_sparse(body: object, limits: Limits) -> EmbedRequest:
+    """TEI's /embed_sparse: /embed's fields, each input's lexical weights back (the route has
+    checked that the model has them: routes._giving)."""
+    return replace(parse_tei(body, limits), output=Output.MULTI, parts=("sparse",))
+
+
+MULTI_FLAGS = {"dense": "return_dense", "sparse": "return_sparse", "colbert": "return_colbert_vecs"}
+"""/embed_multi's fields, named as BGEM3FlagModel.encode names its arguments."""
+
+
+def parse_multi(body: object, limits: Limits) -> EmbedRequest:
+    """/embed_multi: /embed's fields and BGEM3FlagModel.encode's `return_dense` (default
+    true), `return_sparse` and `return_colbert_vecs` (default false): the asked outputs from
+    one pass."""
+    fields = _object(body)
+    defaults = {"dense": True, "sparse": False, "colbert": False}
+    parts = tuple(
+        part for part, flag in MULTI_FLAGS.items() if _bool(fields.get(flag), flag, defaults[part])
+    )
+    if not parts:
+        raise validation(
+            "nothing to return: set return_dense, return_sparse or return_colbert_vecs",
+            "invalid_value",
+            "return_dense",
+        )
+    needs(limits, parts, "/embed_multi")
+    rest = {key: value for key, value in fields.items() if key not in MULTI_FLAGS.values()}
+    return replace(parse_tei(rest, limits), output=Output.MULTI, parts=parts)
 
 
 def parse_similarity(body: object, limits: Limits) -> EmbedRequest:

@@ -16,6 +16,7 @@ from .schemas import Limits, Vocabulary
 
 if TYPE_CHECKING:
     from .head import Head
+    from .multi import MultiHead
 
 
 def input_limit(
@@ -68,6 +69,23 @@ def module_chain(settings: model_folder.ModelSettings, loaded: LoadedModel) -> H
         raise ModelLoadError(str(error)) from None
 
 
+def multi_head(
+    settings: model_folder.ModelSettings, loaded: LoadedModel, dense: Head
+) -> MultiHead | None:
+    """bge-m3's sparse and ColBERT heads (multi.py) where the settings serve them, else None;
+    ModelLoadError for heads that cannot be loaded exactly."""
+    if settings.multi is None:
+        return None
+    from .multi import MultiHead, unused_ids
+
+    try:
+        return MultiHead(
+            settings.multi, dense, loaded.hidden_size, loaded.device, unused_ids(loaded.tokenizer)
+        )
+    except model_folder.ModelConfigError as error:
+        raise ModelLoadError(str(error)) from None
+
+
 def request_limits(
     config: ServerConfig,
     settings: model_folder.ModelSettings,
@@ -88,4 +106,5 @@ def request_limits(
         openai_vocab=openai_vocab,
         auto_truncate=config.auto_truncate,
         prompts=settings.prompts,
+        outputs=settings.outputs,
     )

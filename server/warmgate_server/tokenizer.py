@@ -102,6 +102,8 @@ class BertTokenizer:
         self._tokenizer.no_padding()
         self.pad_token_id = self._id(config.get("pad_token"))
         self.cls_token_id = self._id(config.get("cls_token"))
+        self.eos_token_id = self._id(config.get("eos_token"))
+        self.unk_token_id = self._id(config.get("unk_token"))
         max_length = config.get("model_max_length", NO_LIMIT)
         self.model_max_length = int(max_length) if isinstance(max_length, int | float) else NO_LIMIT
         self.model_input_names = list(config.get("model_input_names") or self.input_names)

@@ -11,7 +11,9 @@ which gives nearly the same CLS vector for every text: the tests check that thei
 vectors differ, so a server that pooled wrongly could not pass by accident.
 
 `build(family, layout, root)` returns the folder; `FAMILIES` names them all. `shaped(shape,
-root)`: an XLM-R of a real model's size (random weights), for time and memory.
+root)`: an XLM-R of a real model's size (random weights), for time and memory. `cross_encoder`:
+a re-ranker or classifier of a family; `m3`: a bge-m3-shaped folder with its sparse and ColBERT
+heads.
 """
 
 from __future__ import annotations
@@ -599,6 +601,31 @@ def cross_encoder(
     )
     encoder.save(str(folder))
     shutil.rmtree(scratch)
+    return folder
+
+
+def m3(root: Path, seed: int = 0) -> Path:
+    """A bge-m3-shaped folder: the zoo's XLM-R of CLS pooling (bge-m3's family) saved in the
+    hub's layout as BAAI/bge-m3's is, with FlagEmbedding's two heads beside the encoder:
+    `sparse_linear.pt` (hidden -> 1) and `colbert_linear.pt` (hidden -> hidden), state dicts of
+    torch Linears as FlagEmbedding saves them. The sparse head is drawn so that some tokens
+    weigh nothing (ReLU) and the rest differ. Made once under `root`."""
+    import torch
+
+    folder = root / f"bge-m3-tiny-{seed}"
+    if (folder / "colbert_linear.pt").is_file():
+        return folder
+    encoder = build("xlm-roberta-cls", "hub", root / f".m3-{seed}", seed)
+    scratch = root / f".{folder.name}"
+    shutil.copytree(encoder, scratch)
+    hidden = json.loads((scratch / "config.json").read_text())["hidden_size"]
+    torch.manual_seed(seed + 17)
+    sparse, colbert = torch.nn.Linear(hidden, 1), torch.nn.Linear(hidden, hidden)
+    torch.nn.init.normal_(sparse.weight, std=0.5)
+    torch.nn.init.normal_(colbert.weight, std=0.3)
+    torch.save(sparse.state_dict(), scratch / "sparse_linear.pt")
+    torch.save(colbert.state_dict(), scratch / "colbert_linear.pt")
+    scratch.rename(folder)
     return folder
 
 
