@@ -64,6 +64,8 @@ class GateState:
     identity: Identity | None = None
     memory: tuple[int, int | None] | None = None
     """(peak, limit) bytes its warmup measured."""
+    task: str | None = None
+    """What its server does (Verdict.serves), when its report said."""
 
     def to_json(self) -> str:
         commit, digest = self.identity or (None, None)
@@ -75,6 +77,7 @@ class GateState:
             "weightsDigest": digest,
             "memoryPeakBytes": peak,
             "memoryLimitBytes": limit,
+            "task": self.task,
         }
         return json.dumps(document, sort_keys=True, separators=(",", ":"))
 
@@ -92,7 +95,14 @@ class GateState:
             identity = (document.get("commit"), str(digest)) if digest else None
             peak, limit = document.get("memoryPeakBytes"), document.get("memoryLimitBytes")
             memory = (int(peak), None if limit is None else int(limit)) if peak else None
-            return cls(str(document["uid"]), int(document["restarts"]), identity, memory)
+            task = document.get("task")
+            return cls(
+                str(document["uid"]),
+                int(document["restarts"]),
+                identity,
+                memory,
+                str(task) if task else None,
+            )
         except (ValueError, TypeError, KeyError):
             return None
 
@@ -125,6 +135,15 @@ class Verdict:
     task: str = "embed"
     """What the server does with its model (its report's model_settings.task): which route
     the verification request times."""
+    outputs: tuple[str, ...] = ()
+    """What an embedder gives besides its dense vector (model_settings.outputs: bge-m3's
+    sparse and colbert), shown with the task."""
+
+    @property
+    def serves(self) -> str:
+        """The task as `kubectl get emb` shows it: embed, rerank or classify, an embedder's
+        other outputs joined on ("embed+sparse+colbert")."""
+        return "+".join((self.task, *self.outputs))
 
 
 def _container(pod: Mapping[str, Any], name: str = SERVER_CONTAINER) -> Mapping[str, Any] | None:
@@ -261,10 +280,16 @@ def evaluate_report(document: Any, expected: Expectation) -> Verdict:
         steady_ms=steady.get(probe_shape) if probe_shape else None,
         identity=identity,
         task=str((report.model_settings or {}).get("task") or "embed"),
+        outputs=_extra_outputs(report.model_settings),
         memory=None
         if report.memory is None
         else (report.memory.peak_bytes, report.memory.limit_bytes),
     )
+
+
+def _extra_outputs(settings: Mapping[str, Any] | None) -> tuple[str, ...]:
+    outputs = (settings or {}).get("outputs") or ()
+    return tuple(str(o) for o in outputs if o != "dense") if isinstance(outputs, list) else ()
 
 
 WARM_STATE_KEPT = frozenset({READY, UNHEALTHY, DRAINING})
@@ -323,6 +348,14 @@ def loaded_identity(pod: Mapping[str, Any]) -> Identity | None:
     return state.identity if state is not None and state.speaks_for(pod) else None
 
 
+def loaded_task(pod: Mapping[str, Any]) -> str | None:
+    """What a pod's server does (GateState.task), when `loaded_identity` speaks for it."""
+    if loaded_identity(pod) is None:
+        return None
+    state = GateState.of(pod)
+    return state.task if state is not None else None
+
+
 def records_identity(pod: Mapping[str, Any]) -> bool:
     """An EmbeddingService's pod without the warm gate: the gatekeeper does not verify it, but
     records what its server loaded (`identity_verdict`)."""
@@ -344,12 +377,20 @@ def identity_verdict(document: Any) -> Verdict | None:
     """The warmgate.dev/loaded condition's verdict for an ungated pod's `/ready` report: what
     its server loaded. None while the report names no files yet (or is not a report)."""
     try:
-        identity = ReadyReport.from_json(document).loaded_identity
+        report = ReadyReport.from_json(document)
     except ReportError:
         return None
+    identity = report.loaded_identity
     if identity is None:
         return None
-    return Verdict(True, REASON_LOADED, f"loaded {describe_identity(identity)}", identity=identity)
+    return Verdict(
+        True,
+        REASON_LOADED,
+        f"loaded {describe_identity(identity)}",
+        identity=identity,
+        task=str((report.model_settings or {}).get("task") or "embed"),
+        outputs=_extra_outputs(report.model_settings),
+    )
 
 
 def template_key(pod: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -448,7 +489,8 @@ def desired_condition(
 def desired_state(pod: Mapping[str, Any], verdict: Verdict) -> GateState:
     """The state to record beside a verdict: this pod and process, and what its server loaded."""
     uid = str((pod.get("metadata") or {}).get("uid"))
-    return GateState(uid, restart_count(pod), verdict.identity, verdict.memory)
+    task = verdict.serves if verdict.identity is not None else None
+    return GateState(uid, restart_count(pod), verdict.identity, verdict.memory, task)
 
 
 def needs_write(

@@ -28,7 +28,7 @@ from warmgate_contract.names import (
 from warmgate_kube.objects import condition, parse_time
 
 from .builders import selector_string
-from .gate import loaded_identity, measured_memory
+from .gate import loaded_identity, loaded_task, measured_memory
 from .roles import Member, count
 from .spec import EmbeddingServiceSpec
 
@@ -202,7 +202,8 @@ def memory_pressure_condition(memory: Mapping[str, Any] | None) -> Condition:
 def _serving_model(pods: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
     """The model most ready pods serve: id and revision from their template annotations, the
     commit and weights digest they loaded from the condition the gatekeeper records on each
-    (warmgate.dev/warmed with the warm gate on, warmgate.dev/loaded with it off)."""
+    (warmgate.dev/warmed with the warm gate on, warmgate.dev/loaded with it off), and what
+    those pods' servers do with it (the task their reports gave: embed, rerank, classify)."""
     counts = Counter(
         (
             _get(p, "metadata", "annotations", MODEL_ID_ANNOTATION),
@@ -221,6 +222,15 @@ def _serving_model(pods: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
         model["commit"] = commit
     if digest:
         model["weightsDigest"] = digest
+    tasks = Counter(
+        task
+        for p in pods
+        if is_pod_ready(p) and loaded_identity(p) == (commit, digest)
+        for task in (loaded_task(p),)
+        if task
+    )
+    if tasks:
+        model["task"] = tasks.most_common(1)[0][0]
     return model
 
 

@@ -69,6 +69,7 @@ def test_printer_columns() -> None:
         "Model",
         "Revision",
         "Commit",
+        "Task",
         "Ready",
         "Serving",
         "Standby",
@@ -79,6 +80,7 @@ def test_printer_columns() -> None:
     assert columns["Serving"]["jsonPath"] == ".status.servingReplicas"
     assert columns["Standby"]["jsonPath"] == ".status.standbyReplicas"
     assert columns["Commit"]["jsonPath"] == ".status.model.commit"
+    assert columns["Task"]["jsonPath"] == ".status.model.task"
     assert columns["Ready"]["jsonPath"] == ".status.readySummary"
     assert columns["Warmed"]["jsonPath"] == ".status.warmedReplicas"
     assert columns["Reason"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].reason'

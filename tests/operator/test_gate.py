@@ -211,6 +211,7 @@ def test_status_patch_touches_only_our_condition_and_state_and_guards_the_versio
         "weightsDigest": "sha256:ab",
         "memoryPeakBytes": None,
         "memoryLimitBytes": None,
+        "task": "embed",
     }
     assert [c["type"] for c in body["status"]["conditions"]] == [names.WARMED_CONDITION]
     assert desired["message"] == "ok"  # for people: no machine state in it
@@ -288,6 +289,31 @@ def test_the_files_a_pod_loaded_are_recorded_in_its_state_and_read_back():
     # A pod not verified has recorded nothing.
     shut = gate.Verdict(False, names.REASON_NOT_READY, "loaded commit=x weights=sha256:1")
     assert gate.loaded_identity(judged(make_pod(), shut)) is None
+
+
+def test_what_a_pod_s_server_does_is_recorded_with_its_files_and_read_back():
+    """The task `kubectl get emb` shows: the report's model_settings.task, an embedder's other
+    outputs joined on (bge-m3's sparse and colbert); recorded only with the files loaded."""
+    expected = gate.expectation_for(make_pod())
+    model = {"id": "sentence-transformers/all-MiniLM-L6-v2", "revision": "v2"}
+    cases = (
+        ({"task": "embed", "outputs": ["dense"]}, "embed"),
+        ({"task": "embed", "outputs": ["dense", "sparse", "colbert"]}, "embed+sparse+colbert"),
+        ({"task": "rerank", "outputs": ["dense"]}, "rerank"),
+        (None, "embed"),  # a server from before the report said
+    )
+    for settings, shown in cases:
+        report = make_report(
+            model={**model, "commit": COMMIT_A, "weights_digest": DIGEST_A},
+            model_settings=settings,
+        )
+        verdict = gate.evaluate_report(report, expected)
+        assert verdict.passed and verdict.serves == shown
+        pod = judged(make_pod(), verdict)
+        assert gate.loaded_task(pod) == shown
+        assert gate.GateState.of(pod).task == shown  # type: ignore[union-attr]
+    unloaded = gate.evaluate_report(make_report(), expected)  # no files named: nothing kept
+    assert gate.loaded_task(judged(make_pod(), unloaded)) is None
 
 
 def test_a_pod_that_loaded_other_files_than_its_template_siblings_stays_out():

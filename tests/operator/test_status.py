@@ -483,6 +483,7 @@ async def test_status_model_names_the_commit_and_weights_that_serve(warm_gate: b
         "revision": "r1",
         "commit": COMMIT,
         "weightsDigest": DIGEST,
+        "task": "embed",
     }
     assert status["warmedReplicas"] == (2 if warm_gate else 0)
 
