@@ -148,6 +148,10 @@ bench-warm: install ## Time to /ready and first-request ratios (P1): this warmup
 bench-multi: install ## bge-m3's shape: dense + sparse + ColBERT from one pass against dense alone (issue 43)
 	$(PY) bench/server/bench_multi.py $(BENCH_ARGS)
 
+.PHONY: bench-rerank
+bench-rerank: install ## Re-rankers (MiniLM's and bge-reranker-base's sizes): the packed pass against transformers' padded one (issue 43)
+	$(PY) bench/server/bench_rerank.py $(BENCH_ARGS)
+
 .PHONY: bench-families
 bench-families: install ## The packed pass against transformers' per family (BERT, DistilBERT, MPNet, Qwen3, EmbeddingGemma) at real sizes, one thread
 	$(PY) bench/server/bench_families.py $(BENCH_ARGS)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from .head import Head
     from .models import PackedEncoder
+    from .models.classify import SequenceClassifier
     from .tokenizer import Tokenizer
     from .warm_state import WarmState
 
@@ -86,6 +87,9 @@ class LoadedModel:
     task: str = "embed"
     """model_folder.TASKS: an embedder's passes end in its head; a re-ranker's or classifier's
     in its classification head's logits."""
+    classifier: SequenceClassifier | None = None
+    """A re-ranker's or classifier's head on the padding-free pass (models/classify.py), or
+    None: transformers' model carries it (the padded pass), or an embedder."""
 
     def release_model(self) -> None:
         """Let the transformers model go (the ONNX Runtime backend, once its export holds the
@@ -175,15 +179,15 @@ def load_model(
         raise _custom_code_refused(config, custom, "the tokenizer is the folder's own code")
     scores = settings.task != model_folder.EMBED
     tokenizer = _load_tokenizer(config, path, pairs=scores)
-    if scores:  # the classification head is transformers' (its pooler, dropout, classifier)
-        if config.packing == "on":
-            raise ModelLoadError(
-                f"--packing on: a {settings.task} model runs transformers' own pass with its "
-                "classification head; use --packing auto or off"
-            )
-        packed, why_not = None, f"a {settings.task} model: transformers' pass and head"
-    else:
-        packed, why_not = _load_packed(config, path, device, dtype, folder.model_type, state)
+    packed, why_not = _load_packed(config, path, device, dtype, folder.model_type, state)
+    classifier = None
+    if scores and packed is not None:  # the classification head on the padding-free pass
+        from .models.classify import SequenceClassifier
+
+        try:
+            classifier = SequenceClassifier(packed, folder.model_type)  # type: ignore[arg-type]
+        except ValueError as exc:
+            packed, why_not = None, str(exc).removeprefix("cannot run this model packed: ")
     model = None
     if packed is None:
         if config.packing == "on":
@@ -240,6 +244,7 @@ def load_model(
         folder=folder,
         head=head,
         task=settings.task,
+        classifier=classifier,
     )
     log.info(
         "loaded %s on %s as %s in %.1fs (%d model workers x %d torch threads, %s)",

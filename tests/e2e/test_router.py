@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.flag_embedding import flag_embedding_m3
 from support.load import LOAD_TEXT, pooled_load, weights_of
 
 from warmgate_contract.names import SERVICE_HEADER
@@ -428,6 +429,57 @@ def test_a_model_of_e5_base_s_size_at_zero_is_woken_by_a_request_and_answers_it_
     )
 
 
+def reload_under_pooled_load(
+    kube: Any,
+    name: str,
+    reloaded: dict,
+    url: str,
+    body: dict,
+    headers: dict[str, str],
+    parse: Any,
+) -> list[tuple[int, str, str, Any]]:
+    """Two pooled clients (keep-alive sessions, as clients hold them) post `body` to `url`
+    while `name` is reloaded to `reloaded` (its revision v2): every answer's (status, cold
+    header, revision header, `parse(answer)` of a 200), from 20 before the reload to answers
+    of v2. Asserts that none failed and none was cold."""
+    import requests
+
+    answers: list[tuple[int, str, str, Any]] = []
+    stop = threading.Event()
+
+    def send() -> None:
+        with requests.Session() as session:
+            while not stop.is_set():
+                try:
+                    answer = session.post(url, json=body, headers=headers, timeout=30)
+                except requests.RequestException as error:
+                    answers.append((0, "", str(error), None))
+                    continue
+                parsed = parse(answer) if answer.status_code == 200 else None
+                answers.append((
+                    answer.status_code, answer.headers.get("X-Warmgate-Cold", ""),
+                    answer.headers.get("X-Warmgate-Revision", ""), parsed,
+                ))  # fmt: skip
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: len(answers) >= 20, 60, "answers before the reload")
+        kube.apply(reloaded)
+        wait_ready(kube, name, "v2", replicas=1, timeout=420)
+        wait_until(lambda: any(a[2] == "v2" for a in answers[-5:]), 120, "answers of v2")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    failed = [a for a in answers if a[0] != 200]
+    cold = [a for a in answers if a[1] != "0"]
+    assert not failed, failed[:3]
+    assert not cold, cold[:3]
+    return answers
+
+
 def test_a_re_ranker_through_the_router_and_its_reload_under_pooled_load(
     kube, operator, router, report, tmp_path
 ) -> None:
@@ -437,7 +489,6 @@ def test_a_re_ranker_through_the_router_and_its_reload_under_pooled_load(
     and Infinity's clients send) to a pooled client; its reload to other weights under that
     load: 0 failed, 0 cold, and every answer's scores those of the weights of the revision
     its pod serves (CrossEncoder.predict, computed here)."""
-    import requests
     from sentence_transformers import CrossEncoder
 
     from warmgate_testkit import zoo
@@ -472,49 +523,95 @@ def test_a_re_ranker_through_the_router_and_its_reload_under_pooled_load(
     with model_claim(kube, tmp_path, "rankers", made):
         kube.apply(service("v1"))
         ready = wait_ready(kube, "ranker", "v1", replicas=1, timeout=420)
+        assert ready["status"]["model"]["task"] == "rerank", ready["status"]  # its TASK column
         (pod,) = kube.pods("ranker")
         assert "verification" in (condition(pod, "warmgate.dev/warmed").get("message") or "")
         body = {"model": "ranker", "query": query, "documents": documents}
-        answers: list[tuple[int, str, str, list[float] | None]] = []
-        stop = threading.Event()
 
-        def send() -> None:
-            with requests.Session() as session:  # pooled keep-alive, as a client holds it
-                while not stop.is_set():
-                    try:
-                        answer = session.post(router.url + "/v1/rerank", json=body, timeout=30)
-                    except requests.RequestException as error:
-                        answers.append((0, "", str(error), None))
-                        continue
-                    scores = None
-                    if answer.status_code == 200:
-                        ranked = sorted(answer.json()["results"], key=lambda r: r["index"])
-                        scores = [r["relevance_score"] for r in ranked]
-                    answers.append((
-                        answer.status_code, answer.headers.get("X-Warmgate-Cold", ""),
-                        answer.headers.get("X-Warmgate-Revision", ""), scores,
-                    ))  # fmt: skip
+        def scores(answer: Any) -> list[float]:
+            ranked = sorted(answer.json()["results"], key=lambda r: r["index"])
+            return [r["relevance_score"] for r in ranked]
 
-        threads = [threading.Thread(target=send) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        try:
-            wait_until(lambda: len(answers) >= 20, 60, "answers before the reload")
-            kube.apply(service("v2"))
-            wait_ready(kube, "ranker", "v2", replicas=1, timeout=420)
-            wait_until(lambda: any(a[2] == "v2" for a in answers[-5:]), 120, "answers of v2")
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(60)
-        failed = [a for a in answers if a[0] != 200]
-        cold = [a for a in answers if a[1] != "0"]
-        assert not failed, failed[:3]
-        assert not cold, cold[:3]
+        answers = reload_under_pooled_load(
+            kube, "ranker", service("v2"), router.url + "/v1/rerank", body, {}, scores
+        )
         for _status, _cold, revision, scores in answers:
             assert scores == pytest.approx(expected[revision], abs=1e-5), revision
         report(
             f"re-ranker through the router: {len(answers)} pooled /v1/rerank requests across "
             f"its reload, 0 failed, 0 cold, each scored by its revision's weights; "
+            f"status.model {ready['status'].get('model')}"
+        )
+
+
+def test_bge_m3_s_sparse_weights_through_the_router_and_its_reload_under_pooled_load(
+    kube, operator, router, report, tmp_path
+) -> None:
+    """Issue 43 on the real node: an EmbeddingService whose folder has bge-m3's sparse and
+    ColBERT heads (a zoo XLM-R with FlagEmbedding's sparse_linear.pt and colbert_linear.pt) is
+    shown as `embed+sparse+colbert` by `kubectl get emb`, serves /embed_sparse and /embed_multi
+    through the router by name to a pooled client, and reloads to other weights under that
+    load: 0 failed, 0 cold, each answer the lexical weights of its revision's weights
+    (FlagEmbedding's BGEM3FlagModel, computed here)."""
+    import requests
+
+    from warmgate_testkit import zoo
+
+    made = {"v1": zoo.m3(tmp_path / "zoo", seed=0), "v2": zoo.m3(tmp_path / "zoo", seed=3)}
+    texts = ["서울의 날씨는 어떤가요?", "A man is eating a piece of bread."]
+    expected = {}
+    for revision, folder in made.items():
+        found = flag_embedding_m3()(str(folder), use_fp16=False, devices="cpu").encode(
+            texts, max_length=64, return_dense=False, return_sparse=True
+        )
+        expected[revision] = [
+            {int(k): float(v) for k, v in weights.items()} for weights in found["lexical_weights"]
+        ]
+    assert expected["v1"] != expected["v2"]
+
+    def service(revision: str) -> dict:
+        return embedding_service(
+            "m3", revision, replicas=1, service={"type": "ClusterIP"}, resources=SMALL,
+            warmup={"sequenceBuckets": [32, 64]},
+            model={
+                "id": "BAAI/bge-m3",
+                "source": {"volume": {"claimName": "m3-models", "path": revision}},
+            },
+        )  # fmt: skip
+
+    with model_claim(kube, tmp_path, "m3-models", made):
+        kube.apply(service("v1"))
+        ready = wait_ready(kube, "m3", "v1", replicas=1, timeout=420)
+        assert ready["status"]["model"]["task"] == "embed+sparse+colbert", ready["status"]
+        table = kube.run("get", "emb", "m3").stdout.splitlines()
+        assert table[0].split()[:3] == ["NAME", "MODEL", "TASK"]
+        assert table[1].split()[:3] == ["m3", "BAAI/bge-m3", "embed+sparse+colbert"]
+        headers = {"X-Warmgate-Model": "m3"}
+        multi = requests.post(
+            router.url + "/embed_multi",
+            json={"inputs": texts, "return_sparse": True, "return_colbert_vecs": True},
+            headers=headers,
+            timeout=30,
+        )
+        assert multi.status_code == 200, multi.text
+        assert set(multi.json()) == {"dense_vecs", "lexical_weights", "colbert_vecs"}
+
+        def lexical(answer: Any) -> list[dict[int, float]]:
+            return [{item["index"]: item["value"] for item in found} for found in answer.json()]
+
+        answers = reload_under_pooled_load(
+            kube, "m3", service("v2"), router.url + "/embed_sparse", {"inputs": texts}, headers,
+            lexical,
+        )  # fmt: skip
+        for _status, _cold, revision, weights in answers:
+            assert weights is not None
+            for got, want in zip(weights, expected[revision], strict=True):
+                assert sorted(got) == sorted(want), revision
+                assert [got[k] for k in sorted(want)] == pytest.approx(
+                    [want[k] for k in sorted(want)], rel=1e-4, abs=1e-4
+                ), revision
+        report(
+            f"bge-m3's heads through the router: {len(answers)} pooled /embed_sparse requests "
+            f"across its reload, 0 failed, 0 cold, each weighed by its revision's heads; "
             f"status.model {ready['status'].get('model')}"
         )

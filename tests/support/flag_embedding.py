@@ -3,6 +3,7 @@ node's test in tests/e2e/test_router.py)."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -15,18 +16,19 @@ def flag_embedding_m3() -> type:
     transformers 5 no longer has (transformers.modeling_attn_mask_utils); so the packages above
     the M3 code are entered without their __init__. The M3 code itself is FlagEmbedding's,
     unchanged."""
-    spec = importlib.util.find_spec("FlagEmbedding")
-    assert spec is not None and spec.origin is not None, "FlagEmbedding is a test dependency"
-    root = Path(spec.origin).parent
-    for name in (
-        "FlagEmbedding",
-        "FlagEmbedding.inference",
-        "FlagEmbedding.inference.embedder",
-        "FlagEmbedding.inference.embedder.encoder_only",
-    ):
-        if name not in sys.modules:
+    if "FlagEmbedding" not in sys.modules:  # entered once; later calls find the packages
+        spec = importlib.util.find_spec("FlagEmbedding")
+        assert spec is not None and spec.origin is not None, "FlagEmbedding is a test dependency"
+        root = Path(spec.origin).parent
+        for name in (
+            "FlagEmbedding",
+            "FlagEmbedding.inference",
+            "FlagEmbedding.inference.embedder",
+            "FlagEmbedding.inference.embedder.encoder_only",
+        ):
             package = types.ModuleType(name)
             package.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
+            package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
             sys.modules[name] = package
     from FlagEmbedding.inference.embedder.encoder_only.m3 import M3Embedder
 

@@ -36,7 +36,7 @@ def _packed(loaded: LoadedModel, head: Head) -> Backend:
     from .packed import PackedBackend
 
     assert loaded.packed is not None
-    return PackedBackend(loaded.packed, head)
+    return PackedBackend(loaded.packed, head, loaded.classifier)
 
 
 def _transformers(loaded: LoadedModel, head: Head) -> Backend:

@@ -16,14 +16,20 @@ from .base import StaticForward, per_input, pool_starts, torch_threads
 if TYPE_CHECKING:
     from ..head import Head
     from ..models import PackedEncoder
+    from ..models.classify import SequenceClassifier
 
 
 class PackedBackend:
     name = "packed"
 
-    def __init__(self, encoder: PackedEncoder, head: Head) -> None:
+    def __init__(
+        self, encoder: PackedEncoder, head: Head, classifier: SequenceClassifier | None = None
+    ) -> None:
         self.encoder = encoder
         self.head = head
+        self.classifier = classifier
+        """A re-ranker's or classifier's head (models/classify.py): each input's logits,
+        whatever `pool` asks."""
 
     @property
     def attention(self) -> str:
@@ -47,6 +53,8 @@ class PackedBackend:
             states, starts, lengths = self.encoder.encode(
                 batch, shape.seq_len, shape.batch_size, layers
             )
+            if self.classifier is not None:
+                return self.classifier(states, starts).cpu().numpy()
             if not pool:  # every real token's state, input after input
                 return per_input(states.float().cpu().numpy(), batch)
             pool_from = pool_starts(batch)
@@ -65,7 +73,9 @@ class PackedBackend:
         with torch_threads(threads):
             return warm(self.encoder.kernels)
 
-    def static_forward(self) -> StaticForward:
+    def static_forward(self) -> StaticForward | None:
+        if self.classifier is not None:  # a pair's token types are no input of the capture
+            return None
         encoder, head = self.encoder, self.head
 
         def packed_forward(

@@ -200,7 +200,10 @@ class PackedBert:
         why_not = supports_config(config)
         if why_not is not None:
             raise ValueError(f"cannot run this model packed: {why_not}")
-        state = _canonical(state, config.get("model_type"))
+        state, self.task_head = _canonical(state, config.get("model_type"))
+        """A *ForSequenceClassification checkpoint's `classifier.` weights (else empty); the
+        base model's pooler is `pooler`. The pass reads neither: classify.py does."""
+        self.pooler = {key: value for key, value in state.items() if key.startswith("pooler.")}
         config = bert_config(config)
         first = next(iter(state.values()))
         self.device = first.device
@@ -247,9 +250,10 @@ class PackedBert:
         self.position = state["embeddings.position_embeddings.weight"]
         """Every position embedding: a position id indexes it as it is (RoBERTa's from
         pad_token_id + 1, a padding token's at pad_token_id)."""
-        self.token_type = (
-            state["embeddings.token_type_embeddings.weight"][0] if token_types else None
-        )
+        self.token_types = state["embeddings.token_type_embeddings.weight"] if token_types else None
+        """Every token type's embedding: a pair's second text's tokens (a cross-encoder's
+        input) take type 1, every other token type 0."""
+        self.token_type = self.token_types[0] if self.token_types is not None else None
         self.relative_bias = (
             relative_bias(state[_RELATIVE_BIAS], self.max_positions) if relative else None
         )
@@ -305,8 +309,11 @@ class PackedBert:
 
         position = self._position_ids(p.token_ids, p.position, p.starts, p.row_of)
         x = self.word[on_device(p.token_ids, device)] + self.position[on_device(position, device)]
-        if self.token_type is not None:
-            x = x + self.token_type
+        if self.token_types is not None:
+            types = _token_types(batch, p)
+            x = x + (
+                self.token_type if types is None else self.token_types[on_device(types, device)]
+            )
         x = self._norm(x, self.embedding_norm)
         kernel = self.kernels.for_rows(p.total)
         for layer in kernel.layers[:layers]:
@@ -411,19 +418,35 @@ class PackedBert:
         return self._norm(output + attended, layer.output_norm)
 
 
-def _canonical(state: Mapping[str, torch.Tensor], model_type: Any) -> dict[str, torch.Tensor]:
+def _token_types(batch: Sequence[Sequence[int]], p: packing.Packing) -> np.ndarray | None:
+    """Each packed token's type: 1 from a pair's second text on (pre.TokenIds.type_from), else
+    0; None when no input of the batch is a pair (every token of type 0)."""
+    starts = [getattr(tokens, "type_from", None) for tokens in batch]
+    if all(start is None for start in starts):
+        return None
+    first = np.full(p.rows, np.iinfo(np.int64).max, dtype=np.int64)
+    for row, start in enumerate(starts):
+        if start is not None:
+            first[row] = start
+    return (p.position >= first[p.row_of]).astype(np.int64)
+
+
+def _canonical(
+    state: Mapping[str, torch.Tensor], model_type: Any
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """BertModel key names: no `bert.`, `roberta.`, `distilbert.` or `mpnet.` prefix (BertFor*,
     RobertaFor*, DistilBertFor*, MPNetFor* checkpoints), LayerNorm weight/bias rather than the
     old gamma/beta, DistilBERT's and MPNet's layers under BERT's names. In a checkpoint whose
     base model's weights carry the prefix, the weights without it are its task head (an MLM
     head's `cls.`, `lm_head.`, `vocab_projector.`): left out, as transformers' AutoModel and
-    sentence-transformers leave them, and logged."""
+    sentence-transformers leave them, and logged; a sequence classifier's (`classifier.`) come
+    back as the second dict (classify.py reads them)."""
     headed = any(key.startswith(_BASE_PREFIXES) for key in state)
     renames = _RENAMES.get(model_type, ())
-    out, heads = {}, []
+    out, heads = {}, {}
     for key, value in state.items():
         if headed and not key.startswith(_BASE_PREFIXES):
-            heads.append(key)
+            heads[key] = value.detach()
             continue
         for prefix in _BASE_PREFIXES:
             key = key.removeprefix(prefix)
@@ -436,7 +459,9 @@ def _canonical(state: Mapping[str, torch.Tensor], model_type: Any) -> dict[str, 
         out[key] = value.detach()
     if heads:
         log.info("left out the checkpoint's task head: %s", weight_names(sorted(heads)))
-    return out
+    # A sequence classifier's head is small and kept (classify.py reads it); an MLM head (a
+    # vocabulary-sized matrix) is not.
+    return out, {key: value for key, value in heads.items() if key.startswith("classifier.")}
 
 
 def _own_name(key: str, model_type: Any) -> str:
