@@ -339,7 +339,7 @@ def needs(limits: Limits, parts: tuple[str, ...], route: str) -> None:
         if part not in limits.outputs:
             raise Refused(
                 424,
-                f"model has no {part} output: {route} serves bge-m3's {part} head "
+                f"model is not a {part} embedding model: {route} serves bge-m3's {part} head "
                 f"({_HEAD_FILES[part]} beside the encoder), which this model's folder lacks "
                 "(SPLADE models are not served)",
                 "backend",
