@@ -130,8 +130,9 @@ class NormalizeModule:
 
 Step = DenseModule | NormalizeModule
 
-SPARSE_HEAD, COLBERT_HEAD = "sparse_linear.pt", "colbert_linear.pt"
-"""bge-m3's heads beside its encoder, as FlagEmbedding saves and loads them."""
+HEAD_FILES = {"sparse": "sparse_linear.pt", "colbert": "colbert_linear.pt"}
+"""bge-m3's heads beside its encoder, by the output each gives, as FlagEmbedding saves and
+loads them."""
 
 
 @dataclass(frozen=True)
@@ -154,10 +155,8 @@ class MultiHeads:
 
 def multi_heads(folder: Path) -> MultiHeads | None:
     """The folder's bge-m3 heads, or None where it has neither."""
-    sparse, colbert = folder / SPARSE_HEAD, folder / COLBERT_HEAD
-    if not sparse.is_file() and not colbert.is_file():
-        return None
-    return MultiHeads(sparse if sparse.is_file() else None, colbert if colbert.is_file() else None)
+    found = {part: folder / name for part, name in HEAD_FILES.items() if (folder / name).is_file()}
+    return MultiHeads(**found) if found else None
 
 
 @dataclass(frozen=True)

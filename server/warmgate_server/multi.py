@@ -10,7 +10,8 @@ head.py), the lexical weights (`sparse_linear.pt`) and the ColBERT vectors
 For a model with these heads every batch runs the same pass (runner.py): the token states once,
 then all three outputs in the model thread, so a request for the dense vector and one for the
 sparse weights share batches, and warmup warms what serves them. The heads are two small linear
-layers; the sparse weights per id are made per request (post.py), only for requests that ask.
+layers; the sparse weights per id are made per request (routes.py), only for requests that
+ask.
 """
 
 from __future__ import annotations
@@ -39,14 +40,15 @@ class MultiOutput:
     colbert: np.ndarray | None
     """(tokens - 1, dim): unit ColBERT vectors of every token after the first, or None."""
 
-    def lexical_weights(self, unused: frozenset[int]) -> dict[int, float]:
-        """{token id: weight}: each id's largest weight, `unused` ids and zeros left out."""
+    def lexical_weights(self, unused: np.ndarray) -> dict[int, float]:
+        """{token id: weight} by id: each id's largest weight, the `unused` ids and zero
+        weights left out (vectorised: the route makes it on the event loop)."""
         assert self.token_weights is not None
-        best: dict[int, float] = {}
-        for token, weight in zip(self.token_ids.tolist(), self.token_weights.tolist(), strict=True):
-            if token not in unused and weight > 0 and weight > best.get(token, 0.0):
-                best[token] = weight
-        return best
+        keep = (self.token_weights > 0) & ~np.isin(self.token_ids, unused)
+        ids, inverse = np.unique(self.token_ids[keep], return_inverse=True)
+        best = np.zeros(len(ids), dtype=self.token_weights.dtype)
+        np.maximum.at(best, inverse, self.token_weights[keep])
+        return dict(zip(ids.tolist(), best.tolist(), strict=True))
 
 
 def _linear(path, hidden: int, out_features: int | None, device: torch.device):
@@ -79,18 +81,13 @@ class MultiHead:
     def __init__(
         self, heads: MultiHeads, dense: Head, hidden: int, device: torch.device, unused: set[int]
     ) -> None:
-        self.heads = heads
         self.dense = dense
         self.device = device
-        self.unused = frozenset(unused)
+        self.unused = np.array(sorted(unused), dtype=np.int64)
         """Token ids the sparse weights leave out (the tokenizer's cls, eos, pad and unk)."""
         sparse, colbert = heads.sparse, heads.colbert
         self.sparse = None if sparse is None else _linear(sparse, hidden, 1, device)
         self.colbert = None if colbert is None else _linear(colbert, hidden, None, device)
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        return self.heads.outputs
 
     def __call__(
         self, states: Sequence[np.ndarray], batch: Sequence[Sequence[int]]

@@ -413,7 +413,7 @@ async def tei_embed_all(request: web.Request) -> web.Response:
     return await _embed(request, TEI, parse_tei_tokens, _render_token_states)
 
 
-def _unused_ids(runtime: Runtime) -> frozenset[int]:
+def _unused_ids(runtime: Runtime) -> np.ndarray:
     assert runtime.engine is not None and runtime.engine.runner.multi is not None
     return runtime.engine.runner.multi.unused
 
@@ -424,7 +424,7 @@ def _render_sparse(runtime: Runtime, parsed: EmbedRequest, result: Result) -> ob
     return [
         [
             {"index": index, "value": value}
-            for index, value in sorted(output.lexical_weights(unused).items())
+            for index, value in output.lexical_weights(unused).items()
         ]
         for output in result.output
     ]

@@ -19,6 +19,7 @@ import numpy as np
 from warmgate_contract.shapes import Shape
 
 from . import backends
+from .backends.base import torch_threads
 from .faults import FaultInjector
 from .loading import LoadedModel
 from .pre import Tokenization
@@ -176,8 +177,6 @@ class ModelRunner:
             batch, shape, worker=worker, pool=pool, threads=threads, layers=layers
         )
         if multi is not None:
-            from .backends.base import torch_threads
-
             with torch_threads(threads):
                 vectors = multi(vectors, batch)
         self._executed.add(key)

@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     orjson = None
 
 from .errors import Refused, empty, validation
+from .model_folder import HEAD_FILES
 
 
 @dataclass(frozen=True)
@@ -330,9 +331,6 @@ def parse_tei_tokens(body: object, limits: Limits) -> EmbedRequest:
     return replace(parsed, output=Output.TOKENS, normalize=normalize)
 
 
-_HEAD_FILES = {"sparse": "sparse_linear.pt", "colbert": "colbert_linear.pt"}
-
-
 def needs(limits: Limits, parts: tuple[str, ...], route: str) -> None:
     """424 (TEI's status for a route of another kind of model) when the model lacks a head."""
     for part in parts:
@@ -340,7 +338,7 @@ def needs(limits: Limits, parts: tuple[str, ...], route: str) -> None:
             raise Refused(
                 424,
                 f"model is not a {part} embedding model: {route} serves bge-m3's {part} head "
-                f"({_HEAD_FILES[part]} beside the encoder), which this model's folder lacks "
+                f"({HEAD_FILES[part]} beside the encoder), which this model's folder lacks "
                 "(SPLADE models are not served)",
                 "backend",
                 "wrong_model_type",
