@@ -337,23 +337,24 @@ def measured_memory(pod: Mapping[str, Any]) -> tuple[int, int | None] | None:
     return state.memory if state is not None and state.speaks_for(pod) else None
 
 
-def loaded_identity(pod: Mapping[str, Any]) -> Identity | None:
-    """What a pod's server loaded, as the gate recorded it for the pod's current process:
-    when it verified the pod (warmgate.dev/warmed True), or, for an ungated pod, in its
-    warmgate.dev/loaded condition."""
+def loaded_state(pod: Mapping[str, Any]) -> GateState | None:
+    """The gate's record of a pod's current process, when it says what the server loaded:
+    recorded when the gate verified the pod (warmgate.dev/warmed True), or, for an ungated pod,
+    with its warmgate.dev/loaded condition. The annotation is read once."""
+    state = GateState.of(pod)
+    if state is None or not state.speaks_for(pod):
+        return None
     verified = condition(pod)
-    if not (verified and verified.get("status") == "True") and not identity_recorded(pod):
-        return None
-    state = GateState.of(pod)
-    return state.identity if state is not None and state.speaks_for(pod) else None
+    recorded = condition(pod, LOADED_CONDITION)
+    if any(found and found.get("status") == "True" for found in (verified, recorded)):
+        return state
+    return None
 
 
-def loaded_task(pod: Mapping[str, Any]) -> str | None:
-    """What a pod's server does (GateState.task), when `loaded_identity` speaks for it."""
-    if loaded_identity(pod) is None:
-        return None
-    state = GateState.of(pod)
-    return state.task if state is not None else None
+def loaded_identity(pod: Mapping[str, Any]) -> Identity | None:
+    """What a pod's server loaded (loaded_state's identity)."""
+    state = loaded_state(pod)
+    return state.identity if state is not None else None
 
 
 def records_identity(pod: Mapping[str, Any]) -> bool:

@@ -28,7 +28,7 @@ from warmgate_contract.names import (
 from warmgate_kube.objects import condition, parse_time
 
 from .builders import selector_string
-from .gate import loaded_identity, loaded_task, measured_memory
+from .gate import loaded_state, measured_memory
 from .roles import Member, count
 from .spec import EmbeddingServiceSpec
 
@@ -204,31 +204,29 @@ def _serving_model(pods: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
     commit and weights digest they loaded from the condition the gatekeeper records on each
     (warmgate.dev/warmed with the warm gate on, warmgate.dev/loaded with it off), and what
     those pods' servers do with it (the task their reports gave: embed, rerank, classify)."""
-    counts = Counter(
-        (
+    served = []
+    for p in pods:
+        if not is_pod_ready(p):
+            continue
+        state = loaded_state(p)
+        key = (
             _get(p, "metadata", "annotations", MODEL_ID_ANNOTATION),
             _get(p, "metadata", "annotations", MODEL_REVISION_ANNOTATION),
-            loaded_identity(p) or (None, None),
+            (state.identity if state is not None else None) or (None, None),
         )
-        for p in pods
-        if is_pod_ready(p)
-    )
+        served.append((key, state.task if state is not None else None))
+    counts = Counter(key for key, _ in served)
     counts.pop((None, None, (None, None)), None)
     if not counts:
         return None
-    (model_id, revision, (commit, digest)), _ = counts.most_common(1)[0]
+    top, _ = counts.most_common(1)[0]
+    model_id, revision, (commit, digest) = top
     model = {"id": model_id or "", "revision": revision or ""}
     if commit:
         model["commit"] = commit
     if digest:
         model["weightsDigest"] = digest
-    tasks = Counter(
-        task
-        for p in pods
-        if is_pod_ready(p) and loaded_identity(p) == (commit, digest)
-        for task in (loaded_task(p),)
-        if task
-    )
+    tasks = Counter(task for key, task in served if key == top and task)
     if tasks:
         model["task"] = tasks.most_common(1)[0][0]
     return model

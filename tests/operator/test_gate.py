@@ -309,11 +309,11 @@ def test_what_a_pod_s_server_does_is_recorded_with_its_files_and_read_back():
         )
         verdict = gate.evaluate_report(report, expected)
         assert verdict.passed and verdict.serves == shown
-        pod = judged(make_pod(), verdict)
-        assert gate.loaded_task(pod) == shown
-        assert gate.GateState.of(pod).task == shown  # type: ignore[union-attr]
+        state = gate.loaded_state(judged(make_pod(), verdict))
+        assert state is not None and state.task == shown
     unloaded = gate.evaluate_report(make_report(), expected)  # no files named: nothing kept
-    assert gate.loaded_task(judged(make_pod(), unloaded)) is None
+    state = gate.loaded_state(judged(make_pod(), unloaded))
+    assert state is not None and state.task is None
 
 
 def test_a_pod_that_loaded_other_files_than_its_template_siblings_stays_out():
