@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from bench_server import REPO, machine
+from bench_server import REPO, machine, write_results
 
 from warmgate_testkit import zoo
 from warmgate_testkit.process import ServerProcess
@@ -42,8 +41,6 @@ RESULTS = REPO / "bench" / "results"
 
 def with_heads(plain: Path) -> Path:
     """`plain`'s files hard-linked beside seeded bge-m3 heads (made once)."""
-    import torch
-
     folder = plain.with_name(plain.name + "-heads")
     if (folder / "colbert_linear.pt").is_file():
         return folder
@@ -55,10 +52,7 @@ def with_heads(plain: Path) -> Path:
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
             os.link(path, target)
-    hidden = json.loads((plain / "config.json").read_text())["hidden_size"]
-    torch.manual_seed(0)
-    torch.save(torch.nn.Linear(hidden, 1).state_dict(), scratch / "sparse_linear.pt")
-    torch.save(torch.nn.Linear(hidden, hidden).state_dict(), scratch / "colbert_linear.pt")
+    zoo.write_m3_heads(scratch)
     scratch.rename(folder)
     return folder
 
@@ -121,15 +115,8 @@ def main() -> None:
             ready(heads)
             rows = asyncio.run(measure(plain.url, heads.url, loads, args.rounds))
     result = {"when": datetime.now(UTC).isoformat(), "machine": machine(), "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_multi.json").write_text(json.dumps(result, indent=2))
-    print(f"machine: {result['machine']}")
-    print("| load (inputs x tokens) | case | p50 ms | vs plain /embed | answer bytes |")
-    print("|---|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['load']} | {row['case']} | {row['p50_ms']} | {row['vs_plain']} "
-              f"| {row['answer_bytes']:,} |")  # fmt: skip
+    columns = ("load", "case", "p50_ms", "vs_plain", "answer_bytes")
+    write_results(Path(args.out) / "bench_multi.json", result, columns, rows)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from bench_server import REPO, machine
+from bench_server import REPO, machine, write_results
 
 from warmgate_testkit import zoo
 from warmgate_testkit.process import ServerProcess, minilm_path
@@ -114,16 +113,9 @@ def main() -> None:
                 assert padded.wait_ready(1800)["forward"]["pass"] == "padded"
                 urls = {"packed": packed.url, "padded": padded.url}
                 results[name] = asyncio.run(measure(urls, counts, args.rounds))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_rerank.json").write_text(json.dumps(results, indent=2))
-    print(f"machine: {results['machine']}")
-    print("| model | documents | pass | p50 ms | pairs/s | vs padded |")
-    print("|---|---|---|---|---|---|")
-    for name in args.models.split(","):
-        for row in results[name]:
-            print(f"| {name} | {row['documents']} | {row['pass']} | {row['p50_ms']} "
-                  f"| {row['pairs_per_s']} | {row['vs_padded']} |")  # fmt: skip
+    rows = [{"model": name, **row} for name in args.models.split(",") for row in results[name]]
+    columns = ("model", "documents", "pass", "p50_ms", "pairs_per_s", "vs_padded")
+    write_results(Path(args.out) / "bench_rerank.json", results, columns, rows)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,17 @@ def machine() -> dict[str, Any]:
     plan = plan_threads(ServerConfig(model="-"), "cpu")  # the server's defaults here
     info["server_torch_threads"], info["server_workers"] = plan.threads, plan.workers
     return info
+
+
+def write_results(
+    path: Path, result: dict[str, Any], columns: Sequence[str], rows: Sequence[dict[str, Any]]
+) -> None:
+    """`result` as JSON at `path`, then the machine and `rows` as a markdown table of
+    `columns` on stdout (copied into docs/benchmarks.md)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    print(f"machine: {result['machine']}")
+    print(markdown_table(list(rows), list(columns)))
 
 
 def matmul_gflops(threads: int, size: int = 1024, seconds: float = 3.0) -> float:

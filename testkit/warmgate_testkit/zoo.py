@@ -608,25 +608,31 @@ def m3(root: Path, seed: int = 0) -> Path:
     """A bge-m3-shaped folder: the zoo's XLM-R of CLS pooling (bge-m3's family) saved in the
     hub's layout as BAAI/bge-m3's is, with FlagEmbedding's two heads beside the encoder:
     `sparse_linear.pt` (hidden -> 1) and `colbert_linear.pt` (hidden -> hidden), state dicts of
-    torch Linears as FlagEmbedding saves them. The sparse head is drawn so that some tokens
-    weigh nothing (ReLU) and the rest differ. Made once under `root`."""
-    import torch
-
+    torch Linears as FlagEmbedding saves them (write_m3_heads). Made once under `root`."""
     folder = root / f"bge-m3-tiny-{seed}"
     if (folder / "colbert_linear.pt").is_file():
         return folder
     encoder = build("xlm-roberta-cls", "hub", root / f".m3-{seed}", seed)
     scratch = root / f".{folder.name}"
     shutil.copytree(encoder, scratch)
-    hidden = json.loads((scratch / "config.json").read_text())["hidden_size"]
+    write_m3_heads(scratch, seed)
+    scratch.rename(folder)
+    return folder
+
+
+def write_m3_heads(folder: Path, seed: int = 0) -> None:
+    """FlagEmbedding's two heads for the encoder in `folder` (its config.json's hidden_size),
+    seeded: `sparse_linear.pt` (hidden -> 1, drawn so that some tokens weigh nothing and the
+    rest differ) and `colbert_linear.pt` (hidden -> hidden), torch Linears' state dicts."""
+    import torch
+
+    hidden = json.loads((folder / "config.json").read_text())["hidden_size"]
     torch.manual_seed(seed + 17)
     sparse, colbert = torch.nn.Linear(hidden, 1), torch.nn.Linear(hidden, hidden)
     torch.nn.init.normal_(sparse.weight, std=0.5)
     torch.nn.init.normal_(colbert.weight, std=0.3)
-    torch.save(sparse.state_dict(), scratch / "sparse_linear.pt")
-    torch.save(colbert.state_dict(), scratch / "colbert_linear.pt")
-    scratch.rename(folder)
-    return folder
+    torch.save(sparse.state_dict(), folder / "sparse_linear.pt")
+    torch.save(colbert.state_dict(), folder / "colbert_linear.pt")
 
 
 XLMR_SHAPES = {
