@@ -33,7 +33,14 @@ def main() -> None:
 
     torch.set_num_threads(1)
     config = json.loads((args.folder / "config.json").read_text())
-    encoder = packed_pass(args.folder, torch.float32, "cpu", config["model_type"], args.linear)
+    encoder = packed_pass(
+        args.folder,
+        torch.float32,
+        "cpu",
+        config["model_type"],
+        args.linear,
+        largest_rows=args.rows * args.tokens,  # as the server's plan would allow
+    )
     print("linear kernels:", json.dumps(encoder.kernels.as_json()))
     model = AutoModel.from_pretrained(str(args.folder)).eval()
     first, last = (0, 2) if config["model_type"] != "bert" else (101, 102)

@@ -303,7 +303,8 @@ def _load_packed(
     from .models.packing import CheckpointMismatch
 
     try:
-        return packed_pass(path, dtype, device, model_type, config.linear, state), ""
+        largest = min(config.max_batch_tokens, config.max_batch_size * config.largest_bucket)
+        return packed_pass(path, dtype, device, model_type, config.linear, state, largest), ""
     except CheckpointMismatch as exc:
         raise ModelLoadError(
             f"--model {config.model}: {exc} (the padding-free pass of {model_type}); "

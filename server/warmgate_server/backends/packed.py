@@ -37,7 +37,7 @@ class PackedBackend:
 
     @property
     def layer_count(self) -> int | None:
-        return len(self.encoder.kernels.small.layers)
+        return len(self.encoder.kernels.first.layers)
 
     def forward(
         self,

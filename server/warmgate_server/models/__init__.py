@@ -51,6 +51,7 @@ def packed_pass(
     model_type: str | None,
     linear_kernel: str = "auto",
     kept: Kept | None = None,
+    largest_rows: int | None = None,
 ) -> PackedEncoder:
     """warmgate's padding-free pass for the model in `path` whose config.json names
     `model_type`: PackedBert for the BERT family, PackedDecoder for Qwen3 and EmbeddingGemma.
@@ -68,4 +69,4 @@ def packed_pass(
             f"cannot run this model packed: model type {model_type!r} is not one of "
             f"{', '.join(map(str, families))}"
         )
-    return encoder.from_folder(path, dtype, device, linear_kernel, kept)
+    return encoder.from_folder(path, dtype, device, linear_kernel, kept, largest_rows)

@@ -194,9 +194,10 @@ class PackedBert:
         config: Mapping[str, Any],
         linear_kernel: str = "auto",
         kept: linear.Kept | None = None,
+        largest_rows: int | None = None,
     ) -> None:
-        """`linear_kernel`: the server's --linear; `kept`: an earlier start's measurements
-        (linear.choose)."""
+        """`linear_kernel`: the server's --linear; `kept`: an earlier start's measurements;
+        `largest_rows`: the most tokens a pass of the server's plan runs (linear.choose)."""
         why_not = supports_config(config)
         if why_not is not None:
             raise ValueError(f"cannot run this model packed: {why_not}")
@@ -263,7 +264,7 @@ class PackedBert:
         plain = [_layer(state, f"encoder.layer.{index}.") for index in range(layers)]
         activation, post_op = _ACTIVATIONS[config.get("hidden_act", "gelu")]
         self.kernels = linear.choose(
-            plain, self.device, self.dtype, activation, post_op, linear_kernel, kept
+            plain, self.device, self.dtype, activation, post_op, linear_kernel, kept, largest_rows
         )
         """The linear layers' kernel for a pass of a given token count (linear.py); the plain
         weights are freed unless a kernel keeps them."""
@@ -283,10 +284,16 @@ class PackedBert:
         device: torch.device | str = "cpu",
         linear_kernel: str = "auto",
         kept: linear.Kept | None = None,
+        largest_rows: int | None = None,
     ) -> PackedBert:
         """From `config.json` and the checkpoint (checkpoint.py: safetensors or
         pytorch_model.bin, sharded or not), onto `device`; ValueError says why it cannot."""
-        return cls(*read_folder(folder, supports_config, dtype, device), linear_kernel, kept)
+        return cls(
+            *read_folder(folder, supports_config, dtype, device),
+            linear_kernel,
+            kept,
+            largest_rows,
+        )
 
     def encode(
         self, batch: Sequence[Sequence[int]], seq_len: int, rows: int, layers: int | None = None

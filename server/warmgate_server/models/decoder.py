@@ -275,9 +275,10 @@ class PackedDecoder:
         config: Mapping[str, Any],
         linear_kernel: str = "auto",
         kept: linear.Kept | None = None,
+        largest_rows: int | None = None,
     ) -> None:
-        """`linear_kernel`: the server's --linear; `kept`: an earlier start's measurements
-        (linear.choose)."""
+        """`linear_kernel`: the server's --linear; `kept`: an earlier start's measurements;
+        `largest_rows`: the most tokens a pass of the server's plan runs (linear.choose)."""
         why_not = supports_config(config)
         if why_not is not None:
             raise ValueError(f"cannot run this model packed: {why_not}")
@@ -373,7 +374,14 @@ class PackedDecoder:
         self.rope = {kind: self._rope(thetas[kind]) for kind in set(self.kinds)}
         """Each layer type's (cos, sin) of every position."""
         self.kernels = linear.choose(
-            plain, self.device, self.dtype, lambda x: x, ("none", ""), linear_kernel, kept
+            plain,
+            self.device,
+            self.dtype,
+            lambda x: x,
+            ("none", ""),
+            linear_kernel,
+            kept,
+            largest_rows,
         )
         """The linear layers' kernel for a pass of a given token count (models/linear.py)."""
 
@@ -385,10 +393,16 @@ class PackedDecoder:
         device: torch.device | str = "cpu",
         linear_kernel: str = "auto",
         kept: linear.Kept | None = None,
+        largest_rows: int | None = None,
     ) -> PackedDecoder:
         """From `config.json` and the checkpoint, onto `device`; ValueError says why it
         cannot."""
-        return cls(*read_folder(folder, supports_config, dtype, device), linear_kernel, kept)
+        return cls(
+            *read_folder(folder, supports_config, dtype, device),
+            linear_kernel,
+            kept,
+            largest_rows,
+        )
 
     def encode(
         self, batch: Sequence[Sequence[int]], seq_len: int, rows: int, layers: int | None = None

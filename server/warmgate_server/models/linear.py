@@ -4,14 +4,18 @@ weights, whichever this CPU runs faster, measured at load on the model's own mat
 
 Neither always wins: on an AMD EPYC with AVX-512 oneDNN's fp32 kernels are well ahead of MKL's;
 on an AVX2 EPYC MKL is ahead for a batch's row counts (a few hundred tokens and up) and oneDNN
-for a lone short input (the figures: docs/benchmarks.md). So at load the first layer's four
-matrices are timed both ways at SMALL_ROWS and LARGE_ROWS tokens, on the model thread's own
-thread count, interleaved, medians. Each row count takes the faster kernel (oneDNN unless MKL is
-at least TIE faster: the choice should not flap with noise). When they differ and the linear
-weights are at most BOTH_LIMIT bytes, both are kept (a second copy of those weights) and a pass
-takes oneDNN below SWITCH_ROWS tokens and MKL from there; above the limit the large row count's
-kernel serves every pass (throughput decides capacity). The server's `--linear onednn|mkl|aten`
-(`WARMGATE_LINEAR`; the older `WARMGATE_ONEDNN=0`: mkl) fixes the kernel.
+for a lone short input; on an Ice Lake Xeon oneDNN is ahead up to a few hundred tokens and MKL
+from about a thousand (at 3,808 tokens, 32 pairs of a re-ranker, oneDNN's three plain matrices
+took 26% longer: the figures, docs/benchmarks.md). So at load the first layer's four matrices
+are timed both ways at SMALL_ROWS, LARGE_ROWS and the largest pass the server's plan allows (up
+to BIG_ROWS), on the model thread's own thread count, interleaved, medians. Each row count
+takes the faster kernel (oneDNN unless MKL is at least TIE faster: the choice should not flap
+with noise), and serves the passes from its own start: SMALL_ROWS's below SWITCH_ROWS tokens,
+LARGE_ROWS's from there, the largest's from the geometric mean of it and LARGE_ROWS. When the
+kernels differ and the linear weights are at most BOTH_LIMIT bytes, both are kept (a second
+copy of those weights); above the limit the largest row count's kernel serves every pass
+(throughput decides capacity). The server's `--linear onednn|mkl|aten` (`WARMGATE_LINEAR`; the
+older `WARMGATE_ONEDNN=0`: mkl) fixes the kernel.
 
 bfloat16 on a CPU is chosen the same way, between oneDNN on reordered weights and torch's own
 `F.linear` (named `aten`: it is not MKL in bfloat16), where oneDNN has bfloat16 kernels for
@@ -23,6 +27,7 @@ EPYC (AVX512_BF16) the reordered bfloat16 matrices beat both fp32 oneDNN and bfl
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,8 +43,14 @@ SMALL_ROWS = 16
 """A lone short input's tokens."""
 LARGE_ROWS = 256
 """A batch's tokens (32 short sentences are about 300)."""
+BIG_ROWS = 4096
+"""The largest pass measured: a pass's tokens are at most --max-batch-tokens (16,384 by
+default), and one timed run of a multilingual-e5-base-sized layer at 4,096 tokens takes about
+0.2 s on two Ice Lake cores."""
+BIG_RUNS = 3
+"""Timed runs at the largest row count (long, so steadier than the small ones)."""
 SWITCH_ROWS = 64
-"""With both kernels: passes of fewer tokens take the small row count's kernel."""
+"""Passes of fewer tokens take the small row count's kernel."""
 BOTH_LIMIT = 512 * 2**20
 """Keep a second copy of the linear weights only up to this size (MiniLM's are 85 MB, an
 XLM-R of multilingual-e5-base's shape 340 MB, bge-m3's 1.2 GB)."""
@@ -112,24 +123,37 @@ class Kernel:
 class Kernels:
     """The kernel a pass of a given token count takes, and why."""
 
-    small: Kernel
-    large: Kernel
-    switch_rows: int
+    steps: tuple[tuple[int, Kernel], ...]
+    """(from tokens, kernel), the first from 0, ascending: a pass takes the last step at or
+    below its token count."""
     chosen_by: str
     measured_ms: dict[str, dict[int, float]] = field(default_factory=dict)
     """kernel -> tokens -> ms for one layer's four matrix multiplications (a median)."""
 
+    @classmethod
+    def one(cls, kernel: Kernel, chosen_by: str) -> Kernels:
+        return cls(((0, kernel),), chosen_by)
+
     def for_rows(self, rows: int) -> Kernel:
-        return self.small if rows < self.switch_rows else self.large
+        chosen = self.steps[0][1]
+        for start, kernel in self.steps[1:]:
+            if rows < start:
+                break
+            chosen = kernel
+        return chosen
+
+    @property
+    def first(self) -> Kernel:
+        return self.steps[0][1]
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys((self.small.name, self.large.name)))
+        return tuple(dict.fromkeys(kernel.name for _, kernel in self.steps))
 
     def as_json(self) -> dict[str, Any]:
         report: dict[str, Any] = {"kernels": list(self.names), "chosen_by": self.chosen_by}
         if len(self.names) > 1:
-            report["switch_tokens"] = self.switch_rows
+            report["from_tokens"] = {str(start): kernel.name for start, kernel in self.steps}
         if self.measured_ms:
             report["measured_ms"] = {
                 name: {str(rows): round(ms, 3) for rows, ms in by_rows.items()}
@@ -145,7 +169,7 @@ def warm(kernels: Kernels, rows: int = ONEDNN_WARM_ROWS) -> int:
     row counts run."""
     served: dict[tuple[int, int], Kernel] = {}
     for count in range(1, rows + 1):
-        kernel = kernels.for_rows(count)
+        kernel = kernels.for_rows(count)  # the steps up to `rows`
         if kernel.name == "onednn":
             served[(onednn_rows(count), id(kernel))] = kernel
     with torch.inference_mode():
@@ -225,8 +249,9 @@ def _is_cpu(layers: Sequence[Layer]) -> bool:
 
 
 def measure(kernels: Sequence[Kernel], rows: Sequence[int], plain: Layer) -> dict[str, dict]:
-    """ms per kernel and token count for `plain`'s four matrices (the kernels' first layer),
-    the kernels interleaved run by run, medians."""
+    """ms per kernel and token count for `plain`'s four matrices (the kernels' first layer; the
+    inner one with its activation, as a pass runs it), the kernels interleaved run by run,
+    medians of RUNS timed runs (BIG_RUNS above LARGE_ROWS tokens)."""
     shapes = [weight.shape for weight, _ in plain.matrices()]
     dtype = plain.qkv_weight.dtype
     results: dict[str, dict[int, float]] = {kernel.name: {} for kernel in kernels}
@@ -234,12 +259,13 @@ def measure(kernels: Sequence[Kernel], rows: Sequence[int], plain: Layer) -> dic
         for count in rows:
             inputs = [torch.randn(count, shape[1], dtype=dtype) for shape in shapes]
             samples: dict[str, list[float]] = {kernel.name: [] for kernel in kernels}
-            for run in range(RUNS + 1):
+            for run in range((RUNS if count <= LARGE_ROWS else BIG_RUNS) + 1):
                 for kernel in kernels:
+                    calls = [kernel.linear, kernel.linear, kernel.activated, kernel.linear]
                     matrices = kernel.layers[0].matrices()
                     started = time.perf_counter()
-                    for x, (weight, bias) in zip(inputs, matrices, strict=True):
-                        kernel.linear(x, weight, bias)
+                    for call, x, (weight, bias) in zip(calls, inputs, matrices, strict=True):
+                        call(x, weight, bias)
                     if run:  # the first run of each is its warmup
                         samples[kernel.name].append(time.perf_counter() - started)
             for name, seconds in samples.items():
@@ -261,45 +287,60 @@ def choose(
     post_op: tuple[str, str],
     wanted: str = "auto",
     kept: Kept | None = None,
+    largest_rows: int | None = None,
 ) -> Kernels:
     """The kernels of the packed pass (see the module's docstring). `layers` hold the plain
     weights; what is not kept of them is freed when the caller lets them go. `wanted` is the
     server's --linear: auto measures (or takes what an earlier start on this CPU, torch and
     code measured for the same matrices and threads, from `kept`); onednn, mkl or aten is that
-    kernel always (where the device and dtype have it)."""
+    kernel always (where the device and dtype have it). `largest_rows`: the most tokens a pass
+    of the server's plan runs (measured up to BIG_ROWS; None or up to twice LARGE_ROWS: not
+    measured apart)."""
     plain = mkl_kernel(layers, activation)
     if device.type != "cpu" or not _onednn_available(dtype):
-        return Kernels(plain, plain, SWITCH_ROWS, f"{device.type}, {str(dtype)[6:]}: F.linear")
+        return Kernels.one(plain, f"{device.type}, {str(dtype)[6:]}: F.linear")
     if wanted in ("mkl", "aten"):
-        return Kernels(plain, plain, SWITCH_ROWS, f"--linear {wanted}")
+        return Kernels.one(plain, f"--linear {wanted}")
     onednn = onednn_kernel(layers, post_op)
     if wanted == "onednn":
-        return Kernels(onednn, onednn, SWITCH_ROWS, f"--linear {wanted}")
-    measured, reused = _measured(onednn, plain, layers[0], kept)
+        return Kernels.one(onednn, f"--linear {wanted}")
+    rows = measured_rows(largest_rows)
+    measured, reused = _measured(onednn, plain, layers[0], rows, kept)
 
-    def faster(rows: int) -> Kernel:
-        mkl_ms, onednn_ms = measured[plain.name][rows], measured["onednn"][rows]
+    def faster(count: int) -> Kernel:
+        mkl_ms, onednn_ms = measured[plain.name][count], measured["onednn"][count]
         return plain if mkl_ms < onednn_ms * (1 - TIE) else onednn
 
-    small, large = faster(SMALL_ROWS), faster(LARGE_ROWS)
+    starts = [0, SWITCH_ROWS, *(round(math.sqrt(LARGE_ROWS * count)) for count in rows[2:])]
+    steps = [(start, faster(count)) for start, count in zip(starts, rows, strict=True)]
     weight_bytes = sum(
         weight.numel() * weight.element_size() for layer in layers for weight, _ in layer.matrices()
     )
-    if small is not large and weight_bytes > BOTH_LIMIT:
-        small = large
+    why = "measured"
+    if len({id(kernel) for _, kernel in steps}) > 1 and weight_bytes > BOTH_LIMIT:
+        steps = [(0, steps[-1][1])]
         why = f"measured; one copy of {weight_bytes / 2**20:.0f} MiB of linear weights"
-    else:
-        why = "measured"
+    merged = [steps[0]]  # a step that takes the kernel before it is no step
+    for start, kernel in steps[1:]:
+        if kernel is not merged[-1][1]:
+            merged.append((start, kernel))
     if reused:
         why += " (by an earlier start: the warm state)"
-    return Kernels(small, large, SWITCH_ROWS, why, measured)
+    return Kernels(tuple(merged), why, measured)
+
+
+def measured_rows(largest_rows: int | None) -> tuple[int, ...]:
+    """The token counts choose() times: SMALL_ROWS, LARGE_ROWS and the plan's largest pass (up
+    to BIG_ROWS) where it is above twice LARGE_ROWS."""
+    big = min(largest_rows or 0, BIG_ROWS)
+    return (SMALL_ROWS, LARGE_ROWS, big) if big > 2 * LARGE_ROWS else (SMALL_ROWS, LARGE_ROWS)
 
 
 def _measured(
-    onednn: Kernel, plain: Kernel, layer: Layer, kept: Kept | None
+    onednn: Kernel, plain: Kernel, layer: Layer, rows: tuple[int, ...], kept: Kept | None
 ) -> tuple[dict[str, dict[int, float]], bool]:
-    """measure()'s timings of both kernels, and whether `kept` had them from an earlier start."""
-    rows = (SMALL_ROWS, LARGE_ROWS)
+    """measure()'s timings of both kernels at `rows`, and whether `kept` had them from an
+    earlier start."""
     if kept is None:
         return measure([onednn, plain], rows, layer), False
     what = {

@@ -158,11 +158,12 @@ def test_inputs_of_one_length_skip_the_padding_and_give_the_same_states(
 def test_the_faster_kernel_is_measured_at_load_and_each_pass_takes_its_own(
     minilm_dir, loaded_minilm, monkeypatch
 ) -> None:
-    """At load both kernels are timed on the model's own matrices at a lone input's and a
-    batch's token counts; when each wins one (as on an AVX2 EPYC: oneDNN for a lone input,
-    MKL for batches) and the weights are small, both are kept and a pass takes the one for
-    its token count. The measurement is replaced here to make each win one; the states are
-    transformers' either way."""
+    """At load both kernels are timed on the model's own matrices at a lone input's, a
+    batch's and the plan's largest pass's token counts; when each wins some (as on an AVX2
+    EPYC: oneDNN for a lone input, MKL for batches; on an Ice Lake Xeon oneDNN up to a few
+    hundred tokens, MKL for thousands) and the weights are small, both are kept and a pass
+    takes the one for its token count. The measurement is replaced here to make each win
+    some; the states are transformers' either way."""
     from transformers import AutoModel
 
     from warmgate_server.models import linear
@@ -172,6 +173,10 @@ def test_the_faster_kernel_is_measured_at_load_and_each_pass_takes_its_own(
     assert report["chosen_by"] == "measured", report
     assert set(report["measured_ms"]) == {"onednn", "mkl"}
     assert set(report["measured_ms"]["mkl"]) == {str(linear.SMALL_ROWS), str(linear.LARGE_ROWS)}
+    planned = PackedBert.from_folder(minilm_dir, torch.float32, largest_rows=3808)
+    assert set(planned.kernels.as_json()["measured_ms"]["mkl"]) == {"16", "256", "3808"}
+    capped = PackedBert.from_folder(minilm_dir, torch.float32, largest_rows=16384)
+    assert set(capped.kernels.as_json()["measured_ms"]["mkl"]) == {"16", "256", "4096"}
 
     def split(kernels, rows, plain):
         return {"onednn": {16: 1.0, 256: 10.0}, "mkl": {16: 2.0, 256: 5.0}}
@@ -181,7 +186,27 @@ def test_the_faster_kernel_is_measured_at_load_and_each_pass_takes_its_own(
     assert both.kernels.names == ("onednn", "mkl")
     assert both.kernels.for_rows(10).name == "onednn"
     assert both.kernels.for_rows(300).name == "mkl"
+
+    def large_passes(kernels, rows, plain):  # the Ice Lake's form
+        return {
+            "onednn": {16: 1.0, 256: 10.0, 3808: 200.0},
+            "mkl": {16: 2.0, 256: 12.0, 3808: 150.0},
+        }
+
+    monkeypatch.setattr(linear, "measure", large_passes)
+    stepped = PackedBert.from_folder(minilm_dir, torch.float32, largest_rows=3808)
+    assert stepped.kernels.as_json()["from_tokens"] == {"0": "onednn", "987": "mkl"}
+    assert [stepped.kernels.for_rows(rows).name for rows in (1, 300, 986, 987, 5000)] == [
+        "onednn",
+        "onednn",
+        "onednn",
+        "mkl",
+        "mkl",
+    ]
     monkeypatch.setattr(linear, "BOTH_LIMIT", 1)  # weights too big for two copies
+    one = PackedBert.from_folder(minilm_dir, torch.float32, largest_rows=3808)
+    assert one.kernels.names == ("mkl",) and "one copy" in one.kernels.chosen_by
+    monkeypatch.setattr(linear, "measure", split)
     one = PackedBert.from_folder(minilm_dir, torch.float32)
     assert one.kernels.names == ("mkl",) and "one copy" in one.kernels.chosen_by
 
@@ -348,7 +373,7 @@ def test_onednn_runs_at_a_bounded_set_of_row_counts_that_warmup_makes_in_advance
     onednn = PackedBert.from_folder(minilm_dir, torch.float32, linear_kernel="onednn")
     plain = PackedBert.from_folder(minilm_dir, torch.float32, linear_kernel="mkl")
     assert linear.warm(plain.kernels) == 0  # MKL makes nothing ahead
-    split = linear.Kernels(onednn.kernels.small, plain.kernels.large, 64, "test")
+    split = linear.Kernels(((0, onednn.kernels.first), (64, plain.kernels.first)), "test")
     assert linear.warm(split) == 12  # 4, 8, ..., 32, 40, ..., 64: the counts below 64
 
     ids = loaded_minilm.tokenizer(["warm gate " * 80])["input_ids"][0]
