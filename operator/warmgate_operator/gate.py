@@ -136,14 +136,25 @@ class Verdict:
     """What the server does with its model (its report's model_settings.task): which route
     the verification request times."""
     outputs: tuple[str, ...] = ()
-    """What an embedder gives besides its dense vector (model_settings.outputs: bge-m3's
-    sparse and colbert), shown with the task."""
+    """What an embedder gives (model_settings.outputs: dense, bge-m3's sparse and colbert too,
+    a SPLADE model sparse alone), shown with the task; () where the report does not say."""
 
     @property
     def serves(self) -> str:
         """The task as `kubectl get emb` shows it: embed, rerank or classify, an embedder's
-        other outputs joined on ("embed+sparse+colbert")."""
-        return "+".join((self.task, *self.outputs))
+        other outputs joined on ("embed+sparse+colbert"); a sparse encoder's "sparse"."""
+        extra = tuple(output for output in self.outputs if output != "dense")
+        if self.verification == "sparse":
+            return "+".join(extra)
+        return "+".join((self.task, *extra))
+
+    @property
+    def verification(self) -> str:
+        """Which request verifies the pod (podclient's): the task's, or "sparse" for an
+        embedder with no dense vector (SPLADE: /embed_sparse, its /embed answers 424)."""
+        if self.task == "embed" and self.outputs and "dense" not in self.outputs:
+            return "sparse"
+        return self.task
 
 
 def _container(pod: Mapping[str, Any], name: str = SERVER_CONTAINER) -> Mapping[str, Any] | None:
@@ -280,16 +291,16 @@ def evaluate_report(document: Any, expected: Expectation) -> Verdict:
         steady_ms=steady.get(probe_shape) if probe_shape else None,
         identity=identity,
         task=str((report.model_settings or {}).get("task") or "embed"),
-        outputs=_extra_outputs(report.model_settings),
+        outputs=_outputs(report.model_settings),
         memory=None
         if report.memory is None
         else (report.memory.peak_bytes, report.memory.limit_bytes),
     )
 
 
-def _extra_outputs(settings: Mapping[str, Any] | None) -> tuple[str, ...]:
+def _outputs(settings: Mapping[str, Any] | None) -> tuple[str, ...]:
     outputs = (settings or {}).get("outputs") or ()
-    return tuple(str(o) for o in outputs if o != "dense") if isinstance(outputs, list) else ()
+    return tuple(str(output) for output in outputs) if isinstance(outputs, list) else ()
 
 
 WARM_STATE_KEPT = frozenset({READY, UNHEALTHY, DRAINING})
@@ -390,7 +401,7 @@ def identity_verdict(document: Any) -> Verdict | None:
         f"loaded {describe_identity(identity)}",
         identity=identity,
         task=str((report.model_settings or {}).get("task") or "embed"),
-        outputs=_extra_outputs(report.model_settings),
+        outputs=_outputs(report.model_settings),
     )
 
 

@@ -309,7 +309,7 @@ class Gatekeeper:
         batch_size = verdict.probe_shape[0]
         try:
             inputs = [self._config.verify_text] * batch_size
-            measured = await self._pods.time_request(host, port, inputs, verdict.task)
+            measured = await self._pods.time_request(host, port, inputs, verdict.verification)
         except ERRORS as error:
             return gate.Verdict(False, names.REASON_UNREACHABLE, f"verification request: {error}")
         steady = verdict.steady_ms or 0.0

@@ -31,14 +31,16 @@ async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
 
 _TIMED: dict[str, Callable[[list[str]], tuple[str, dict[str, Any]]]] = {
     "embed": lambda inputs: ("/embed", {"inputs": inputs}),
+    "sparse": lambda inputs: ("/embed_sparse", {"inputs": inputs}),
     "rerank": lambda inputs: ("/rerank", {"query": inputs[0], "texts": inputs, "truncate": True}),
     "classify": lambda inputs: (
         "/predict",
         {"inputs": [[text] for text in inputs], "truncate": True},
     ),
 }
-"""The verification request of each task (the server's model_settings.task); a pair is twice
-the text, so within the input limit only truncated."""
+"""The verification request of each task (gate.Verdict.verification: the server's
+model_settings.task, or sparse for a SPLADE model); a pair is twice the text, so within the
+input limit only truncated."""
 
 
 class PodClient:

@@ -85,3 +85,20 @@ def _load_pickled(path: Path) -> dict[str, torch.Tensor]:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError:  # a file of torch's format before 1.6, which cannot be mapped
         return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_some(folder: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights named in `wanted` that it holds (safetensors: only those are
+    read; a pickled file is memory-mapped), on the CPU."""
+    state: dict[str, torch.Tensor] = {}
+    for path in files(folder):
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as handle:
+                for key in wanted & set(handle.keys()):
+                    state[key] = handle.get_tensor(key)
+        else:
+            found = _load_pickled(path)
+            state.update({key: found[key] for key in wanted & set(found)})
+    return state

@@ -86,7 +86,26 @@ _MODULE_TYPES = {
         "sentence_transformers.models.Normalize",
     ),
 }
-KIND_OF_TYPE = {path: kind for kind, paths in _MODULE_TYPES.items() for path in paths}
+_SPARSE_TYPES = {
+    "MLMTransformer": (
+        "sentence_transformers.sparse_encoder.modules.mlm_transformer.MLMTransformer",
+        "sentence_transformers.sparse_encoder.modules.MLMTransformer",
+        "sentence_transformers.sparse_encoder.models.MLMTransformer",
+    ),
+    "SpladePooling": (
+        "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling",
+        "sentence_transformers.sparse_encoder.modules.SpladePooling",
+        "sentence_transformers.sparse_encoder.models.SpladePooling",
+    ),
+}
+"""A SparseEncoder's (SPLADE's) modules: its masked-language-model Transformer (the older
+module; today a Transformer of transformer_task fill-mask) and its pooling (splade.py)."""
+KIND_OF_TYPE = {
+    path: kind
+    for kinds in (_MODULE_TYPES, _SPARSE_TYPES)
+    for kind, paths in kinds.items()
+    for path in paths
+}
 
 # config.json model types of decoder-only language models (embedding models built on them pool
 # with the last token: e5-mistral, gte-Qwen2, Qwen3-Embedding, SFR, NV-Embed's base...).
@@ -102,6 +121,7 @@ _TRANSFORMER_KEYS = {
     "module_output_name", "backend",
 }  # fmt: skip
 _FORWARD_MODALITY = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
+_LOGITS_MODALITY = {"text": {"method": "forward", "method_output_name": "logits"}}
 
 
 class ModelConfigError(ValueError):
@@ -153,6 +173,19 @@ class MultiHeads:
         )
 
 
+SPLADE_POOLINGS = ("max", "sum")
+SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
+
+
+@dataclass(frozen=True)
+class SpladeSettings:
+    """A SparseEncoder's SpladePooling (splade.py): the largest or the sum over the tokens of
+    log(1 + ReLU(logit)) (log1p twice for log1p_relu)."""
+
+    pooling: str = "max"
+    activation: str = "relu"
+
+
 def multi_heads(folder: Path) -> MultiHeads | None:
     """The folder's bge-m3 heads, or None where it has neither."""
     found = {part: folder / name for part, name in HEAD_FILES.items() if (folder / name).is_file()}
@@ -192,6 +225,8 @@ class FolderSettings:
     """A classifier's labels in id order (config.json's id2label)."""
     multi: MultiHeads | None = None
     """An embedder's sparse and ColBERT heads (bge-m3's), or None."""
+    splade: SpladeSettings | None = None
+    """A SparseEncoder's pooling: the model gives sparse vectors only (splade.py), or None."""
 
 
 @dataclass(frozen=True)
@@ -217,17 +252,22 @@ class ModelSettings:
     labels: tuple[str, ...] = ()
     multi: MultiHeads | None = None
     """The sparse and ColBERT heads served beside the dense vector (an embedder's), or None."""
+    splade: SpladeSettings | None = None
+    """A SparseEncoder's pooling (its sparse vectors are all it gives), or None."""
 
     @property
     def outputs(self) -> tuple[str, ...]:
-        """What /embed_multi can answer: dense, and sparse and colbert where the folder has
-        their heads."""
+        """What the model gives: dense, and sparse and colbert where the folder has their
+        heads (bge-m3's); a SparseEncoder (SPLADE) sparse only."""
+        if self.splade is not None:
+            return ("sparse",)
         return self.multi.outputs if self.multi is not None else ("dense",)
 
     @property
     def pooling(self) -> str:
-        """The pooling as --pooling names it ("cls"; several modes joined: "cls+mean")."""
-        return "+".join(self.pooling_modes)
+        """The pooling as --pooling names it ("cls"; several modes joined: "cls+mean"); a
+        SparseEncoder's "splade" (TEI's name)."""
+        return "splade" if self.splade is not None else "+".join(self.pooling_modes)
 
     @property
     def default_prompt(self) -> str:
@@ -253,6 +293,11 @@ class ModelSettings:
             "max_input_length": self.max_input_length,
             "task": self.task,
             "outputs": list(self.outputs),
+            **(
+                {"splade": {"pooling": self.splade.pooling, "activation": self.splade.activation}}
+                if self.splade is not None
+                else {}
+            ),
             **(
                 {"activation": self.activation or "default", "labels": list(self.labels)}
                 if self.task != EMBED
@@ -339,10 +384,11 @@ _CLASSIFY_MODALITY = {"text": {"method": "forward", "method_output_name": "logit
 
 
 def _transformer_settings(
-    folder: Path, path: str, classifier: bool = False
+    folder: Path, path: str, classifier: bool = False, fill_mask: bool = False
 ) -> tuple[bool, int | None]:
     """(lowercase, max_seq_length) from the Transformer module's sentence_bert_config.json;
-    `classifier`: a CrossEncoder's (sequence classification, its logits as scores)."""
+    `classifier`: a CrossEncoder's (sequence classification, its logits as scores);
+    `fill_mask`: a SparseEncoder's (its MLM head's logits, splade.py)."""
     if path not in ("", "."):
         raise ModelConfigError(
             f"modules.json puts the Transformer in {path!r}: this server loads the model from "
@@ -373,6 +419,20 @@ def _transformer_settings(
                 f"sentence_bert_config.json: a CrossEncoder's Transformer with modality_config "
                 f"{json.dumps(found[0])}, module_output_name {found[1]!r} and transformer_task "
                 f"{found[2]!r}: this server scores with a sequence classifier's logits only"
+            )
+        length = config.get("max_seq_length")
+        return bool(config.get("do_lower_case")), length if isinstance(length, int) else None
+    if fill_mask:
+        modality = config.get("modality_config", _LOGITS_MODALITY)
+        if modality != _LOGITS_MODALITY or config.get("transformer_task") not in (
+            None,
+            "fill-mask",
+        ):
+            raise ModelConfigError(
+                f"sentence_bert_config.json: a SparseEncoder's Transformer with "
+                f"modality_config {json.dumps(modality)} and transformer_task "
+                f"{config.get('transformer_task')!r}: this server pools an MLM head's logits "
+                "(fill-mask) only"
             )
         length = config.get("max_seq_length")
         return bool(config.get("do_lower_case")), length if isinstance(length, int) else None
@@ -458,6 +518,11 @@ def read_folder(folder: Path, trust_remote_code: bool | None = None) -> FolderSe
     classifier = _classifier(model_config)
     if st_config.get("model_type") == "CrossEncoder":
         return _cross_encoder(folder, modules, st_config, model_config, common)
+    types = [str(module.get("type", "")) for module in modules or ()]
+    if st_config.get("model_type") == "SparseEncoder" or any(
+        KIND_OF_TYPE.get(kind) in _SPARSE_TYPES for kind in types
+    ):
+        return _sparse_encoder(folder, modules, common)
     if modules is None:
         if classifier is not None:
             return _classifier_settings(model_config, classifier, common, "config.json")
@@ -518,6 +583,51 @@ def read_folder(folder: Path, trust_remote_code: bool | None = None) -> FolderSe
         lowercase=lowercase,
         max_seq_length=max_seq_length,
         **common,
+    )
+
+
+def _sparse_encoder(
+    folder: Path, modules: list[dict[str, Any]] | None, common: dict[str, Any]
+) -> FolderSettings:
+    """A sentence-transformers SparseEncoder folder: a masked-language-model Transformer (a
+    Transformer of transformer_task fill-mask, or the older MLMTransformer), then
+    SpladePooling: SPLADE, served as its sparse vectors (splade.py). Any other SparseEncoder
+    (inference-free SPLADE's Router, a SparseAutoEncoder) is refused, naming its modules."""
+    kinds = [KIND_OF_TYPE.get(str(module.get("type", ""))) for module in modules or ()]
+    if kinds not in (["Transformer", "SpladePooling"], ["MLMTransformer", "SpladePooling"]):
+        listed = [str(module.get("type")) for module in modules or ()]
+        raise ModelConfigError(
+            f"a SparseEncoder whose modules.json lists {listed or 'nothing'}: this server "
+            "serves SPLADE only (a fill-mask Transformer, then SpladePooling)"
+        )
+    assert modules is not None
+    lowercase, max_seq_length = _transformer_settings(
+        folder, str(modules[0].get("path") or ""), fill_mask=True
+    )
+    pooling_path = str(modules[1].get("path") or "1_SpladePooling")
+    relative = f"{pooling_path}/config.json"
+    config = _read_json(folder / relative)
+    config = config if isinstance(config, dict) else {}
+    pooling = config.get("pooling_strategy", "max")
+    activation = config.get("activation_function", "relu")
+    if pooling not in SPLADE_POOLINGS:
+        raise ModelConfigError(
+            f"{relative}: pooling_strategy {pooling!r} is not one SpladePooling computes "
+            f"({', '.join(SPLADE_POOLINGS)})"
+        )
+    if activation not in SPLADE_ACTIVATIONS:
+        raise ModelConfigError(
+            f"{relative}: activation_function {activation!r} is not one SpladePooling "
+            f"computes ({', '.join(SPLADE_ACTIVATIONS)})"
+        )
+    return FolderSettings(
+        **{
+            **common,
+            "task_source": "config_sentence_transformers.json: a SparseEncoder (SPLADE)",
+        },
+        splade=SpladeSettings(pooling, activation),
+        lowercase=lowercase,
+        max_seq_length=max_seq_length,
     )
 
 
@@ -692,6 +802,7 @@ def resolve(
         activation=found.activation,
         labels=found.labels,
         multi=found.multi if task == EMBED else None,
+        splade=found.splade,
     )
 
 

@@ -186,8 +186,10 @@ async def models(request: web.Request) -> web.Response:
         "created": created,
         "owned_by": "warmgate",
         "root": runtime.config.model,
-        # What the model does (embed, rerank, classify), once its folder has been read.
+        # What the model does (embed, rerank, classify) and gives (dense, sparse, colbert),
+        # once its folder has been read.
         "task": runtime.engine.settings.task if runtime.engine is not None else None,
+        "outputs": list(runtime.engine.settings.outputs) if runtime.engine is not None else None,
     }
     return web.json_response({"object": "list", "data": [entry]})
 
@@ -550,7 +552,7 @@ def _for(task: str, handler: Handler, api: Api = TEI) -> Handler:
     return checked
 
 
-def _giving(part: str, handler: Handler) -> Handler:
+def _giving(part: str, handler: Handler, api: Api = TEI) -> Handler:
     """`handler`, for a model with the `part` output (schemas.Limits.outputs); a model
     without answers 424, whatever the body, as a route of another kind of model does."""
 
@@ -560,7 +562,7 @@ def _giving(part: str, handler: Handler) -> Handler:
             try:
                 needs(engine.limits, (part,), request.path)
             except Refused as refused:
-                return _tei_error(refused)
+                return api.error(refused, {COLD_HEADER: "0"})
         return await handler(request)
 
     return checked
@@ -630,10 +632,14 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/warmup/profile", warmup_profile)
-    app.router.add_post("/v1/embeddings", _for(EMBED, openai_embeddings, OPENAI))
+    app.router.add_post(
+        "/v1/embeddings", _for(EMBED, _giving("dense", openai_embeddings, OPENAI), OPENAI)
+    )
     # TEI's alias of the OpenAI route
-    app.router.add_post("/embeddings", _for(EMBED, openai_embeddings, OPENAI))
-    app.router.add_post("/embed", _for(EMBED, tei_embed))
+    app.router.add_post(
+        "/embeddings", _for(EMBED, _giving("dense", openai_embeddings, OPENAI), OPENAI)
+    )
+    app.router.add_post("/embed", _for(EMBED, _giving("dense", tei_embed)))
     app.router.add_post("/embed_all", _for(EMBED, tei_embed_all))
     # text-embeddings-inference's other entry points, as its router serves them for an
     # embedding model: health, the SageMaker/Vertex-style root and /invocations, tokenizer
@@ -641,11 +647,11 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/health", tei_health)
     app.router.add_get("/ping", tei_health)
     app.router.add_get("/", tei_health)
-    app.router.add_post("/", _for(EMBED, tei_root))
-    app.router.add_post("/invocations", _for(EMBED, tei_root))
+    app.router.add_post("/", _for(EMBED, _giving("dense", tei_root)))
+    app.router.add_post("/invocations", _for(EMBED, _giving("dense", tei_root)))
     app.router.add_post("/tokenize", tei_tokenize)
     app.router.add_post("/decode", tei_decode)
-    app.router.add_post("/similarity", _for(EMBED, tei_similarity))
+    app.router.add_post("/similarity", _for(EMBED, _giving("dense", tei_similarity)))
     app.router.add_post("/embed_sparse", _for(EMBED, _giving("sparse", tei_embed_sparse)))
     app.router.add_post("/embed_multi", _for(EMBED, embed_multi))
     app.router.add_post("/rerank", _for(RERANK, tei_rerank))

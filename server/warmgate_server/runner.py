@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .backends.graphs import GraphSet
     from .head import Head
     from .multi import MultiHead
+    from .splade import SpladeHead
 
 # Text whose tokens fill warmup inputs. Real words, so the tokenizer path is the serving one.
 _WARMUP_TEXT = (
@@ -64,11 +65,12 @@ class ModelRunner:
         include_prompt: bool = True,
         lowercase: bool = False,
         backend: str = "torch",
-        multi: MultiHead | None = None,
+        multi: MultiHead | SpladeHead | None = None,
     ) -> None:
         """`packed`: warmgate's padding-free pass where the load made one (False: the model's
         own, padded); `backend`: --backend (torch or onnxruntime); `multi`: bge-m3's sparse and
-        ColBERT heads (multi.py), which every pooled batch then runs beside the dense head."""
+        ColBERT heads (multi.py), or a SparseEncoder's (splade.py), which every pooled batch
+        then runs on its token states."""
         from .head import Head
 
         self.loaded = loaded
@@ -168,7 +170,7 @@ class ModelRunner:
         started, cpu_started = time.perf_counter(), time.thread_time()
         backend = self.backend
         multi = self.multi if pool else None
-        pool = pool and multi is None  # bge-m3's heads take every token's state
+        pool = pool and multi is None  # the heads take every token's state
         key = (worker, shape, backend.route(shape, worker, pool), threads)
         first_time = key not in self._executed
         if self.faults is not None:

@@ -332,17 +332,23 @@ def parse_tei_tokens(body: object, limits: Limits) -> EmbedRequest:
 
 
 def needs(limits: Limits, parts: tuple[str, ...], route: str) -> None:
-    """424 (TEI's status for a route of another kind of model) when the model lacks a head."""
+    """424 (TEI's status for a route of another kind of model) when the model lacks an output:
+    a SparseEncoder (SPLADE) has no dense vector, an embedder no sparse or ColBERT head."""
     for part in parts:
-        if part not in limits.outputs:
-            raise Refused(
-                424,
-                f"model is not a {part} embedding model: {route} serves bge-m3's {part} head "
-                f"({HEAD_FILES[part]} beside the encoder), which this model's folder lacks "
-                "(SPLADE models are not served)",
-                "backend",
-                "wrong_model_type",
+        if part in limits.outputs:
+            continue
+        if part == "dense":
+            message = (
+                f"model is not a dense embedding model: it is a sparse encoder (SPLADE), whose "
+                f"vectors POST /embed_sparse gives; {route} serves dense vectors"
             )
+        else:
+            splade = " or a SPLADE model's (a SparseEncoder folder)" * (part == "sparse")
+            message = (
+                f"model is not a {part} embedding model: {route} serves bge-m3's {part} head "
+                f"({HEAD_FILES[part]} beside the encoder){splade}, which this model lacks"
+            )
+        raise Refused(424, message, "backend", "wrong_model_type")
 
 
 def parse_tei_sparse(body: object, limits: Limits) -> EmbedRequest:

@@ -17,6 +17,7 @@ from .schemas import Limits, Vocabulary
 if TYPE_CHECKING:
     from .head import Head
     from .multi import MultiHead
+    from .splade import SpladeHead
 
 
 def input_limit(
@@ -71,9 +72,21 @@ def module_chain(settings: model_folder.ModelSettings, loaded: LoadedModel) -> H
 
 def multi_head(
     settings: model_folder.ModelSettings, loaded: LoadedModel, dense: Head
-) -> MultiHead | None:
-    """bge-m3's sparse and ColBERT heads (multi.py) where the settings serve them, else None;
-    ModelLoadError for heads that cannot be loaded exactly."""
+) -> MultiHead | SpladeHead | None:
+    """bge-m3's sparse and ColBERT heads (multi.py), or a SparseEncoder's MLM head and
+    SpladePooling (splade.py), where the settings serve them, else None; ModelLoadError for
+    heads that cannot be loaded exactly."""
+    if settings.splade is not None:
+        import json
+
+        from .splade import SpladeHead, read_head
+
+        try:
+            config = json.loads((loaded.path / "config.json").read_text())
+            head = read_head(loaded.path, config, loaded.device)
+        except (OSError, ValueError) as error:  # ModelConfigError is a ValueError
+            raise ModelLoadError(str(error)) from None
+        return SpladeHead(head, settings.splade, loaded.device)
     if settings.multi is None:
         return None
     from .multi import MultiHead, unused_ids

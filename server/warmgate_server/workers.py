@@ -92,7 +92,7 @@ class Workers:
         if not config.warmup:
             return "off", "--no-warmup: graphs are captured during warmup"
         if self.runner.multi is not None:
-            return "off", "bge-m3's sparse and ColBERT heads read every token's state"
+            return "off", "the model's sparse (and ColBERT) heads read every token's state"
         static_forward = self.runner.backend.static_forward()
         if static_forward is None:
             return "off", f"the {self.runner.backend.name} pass has no static forward to capture"

@@ -635,6 +635,55 @@ def write_m3_heads(folder: Path, seed: int = 0) -> None:
     torch.save(colbert.state_dict(), folder / "colbert_linear.pt")
 
 
+def splade(
+    family_name: str,
+    root: Path,
+    pooling: str = "max",
+    activation: str = "relu",
+    seed: int = 0,
+    legacy: bool = False,
+) -> Path:
+    """A sentence-transformers SparseEncoder of the family (its tokenizer, its `*ForMaskedLM`
+    architecture, random weights): a Transformer of transformer_task fill-mask (`legacy`: the
+    MLMTransformer module of sentence-transformers 5, as the hub's SPLADE folders have it), then
+    SpladePooling with `pooling` (max or sum) and `activation` (relu or log1p_relu), saved as
+    sentence-transformers saves one (the decoder tied to the word embeddings, as SPLADE
+    checkpoints are). The MLM head's bias is drawn below zero, so each text weighs some ids and
+    not others. Made once under `root`."""
+    import torch
+    import transformers
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    family = FAMILIES[family_name]
+    form = "-legacy" * legacy
+    folder = root / f"splade-{family_name}-{pooling}-{activation}-{seed}{form}"
+    if (folder / "modules.json").is_file():
+        return folder
+    torch.manual_seed(seed)
+    tokenizer = family.tokenizer()
+    model = transformers.AutoModelForMaskedLM.from_config(family.config(tokenizer)).eval()
+    bias = next(value for name, value in model.named_parameters() if name.endswith("bias")
+                and value.shape[0] == len(tokenizer) and "embeddings" not in name)  # fmt: skip
+    with torch.no_grad():
+        bias.copy_(torch.randn(len(tokenizer)) * 2.0 - 4.0)
+    scratch = root / f".{folder.name}-transformer"
+    model.save_pretrained(scratch)
+    tokenizer.model_max_length = family.max_seq_length
+    tokenizer.save_pretrained(scratch)
+    if legacy:
+        transformer = MLMTransformer(str(scratch), max_seq_length=family.max_seq_length)
+    else:
+        transformer = Transformer(
+            str(scratch), max_seq_length=family.max_seq_length, transformer_task="fill-mask"
+        )
+    encoder = SparseEncoder(modules=[transformer, SpladePooling(pooling, activation)], device="cpu")
+    encoder.save(str(folder))
+    shutil.rmtree(scratch)
+    return folder
+
+
 XLMR_SHAPES = {
     "e5-base": {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
                 "intermediate_size": 3072, "max_position_embeddings": 514},

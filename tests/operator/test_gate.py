@@ -300,6 +300,7 @@ def test_what_a_pod_s_server_does_is_recorded_with_its_files_and_read_back():
         ({"task": "embed", "outputs": ["dense"]}, "embed"),
         ({"task": "embed", "outputs": ["dense", "sparse", "colbert"]}, "embed+sparse+colbert"),
         ({"task": "rerank", "outputs": ["dense"]}, "rerank"),
+        ({"task": "embed", "outputs": ["sparse"]}, "sparse"),  # SPLADE
         (None, "embed"),  # a server from before the report said
     )
     for settings, shown in cases:

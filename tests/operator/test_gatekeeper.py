@@ -364,12 +364,14 @@ async def test_a_pod_neither_gated_nor_an_embedding_services_is_left_alone() -> 
     await gatekeeper.close()
 
 
-@pytest.mark.parametrize("task", ["embed", "rerank", "classify"])
+@pytest.mark.parametrize("task", ["embed", "rerank", "classify", "sparse"])
 async def test_a_timed_verification_goes_to_the_route_of_the_server_s_task(task: str) -> None:
     """With rollout.verifyLatency, the gate times a request on the pod before opening: on the
     route its report's task serves (podclient._TIMED; /embed would be refused by a
-    re-ranker's server, and its pod never let in)."""
-    settings = {"task": task, "pooling": "mean"} if task != "embed" else None
+    re-ranker's server or a SPLADE model's, and its pod never let in)."""
+    settings = {"task": task, "pooling": "mean"} if task in ("rerank", "classify") else None
+    if task == "sparse":  # a SPLADE model: an embedder that gives no dense vector
+        settings = {"task": "embed", "outputs": ["sparse"]}
     reports, writer = Reports(make_report(model_settings=settings)), Writer()
     gatekeeper = Gatekeeper(
         writer, reports, no_events, Metrics(), FAST, verify_latency=lambda pod: True
