@@ -365,8 +365,9 @@ class Router:
         return await self._by_body(request, named, "/v1/embeddings")
 
     async def rerank(self, request: Request) -> Response:
-        """POST /v1/rerank (the body Cohere's, Jina's and Infinity's clients send): the
-        re-ranker named in the body, as /v1/embeddings."""
+        """POST /v1/rerank (the body Cohere's, Jina's and Infinity's clients send) and
+        /v2/rerank (Cohere's ClientV2's, LangChain's and LlamaIndex's CohereRerank: the same
+        body): the re-ranker named in the body, as /v1/embeddings, at the pod's /v1/rerank."""
         return await self._by_body(request, request.headers.get(MODEL_HEADER), "/v1/rerank")
 
     async def _by_body(self, request: Request, named: str | None, path: str) -> Response:
@@ -493,6 +494,7 @@ def build_server(router: Router) -> Server:
     routes.add("GET", "/v1/models", router.models)
     routes.add("POST", "/v1/embeddings", router.openai_embeddings)
     routes.add("POST", "/v1/rerank", router.rerank)
+    routes.add("POST", "/v2/rerank", router.rerank)  # Cohere's ClientV2: the same body
     for route in TEI_ROUTES:
         routes.add("POST", f"/{route}", router.tei)
         routes.add_pattern("POST", f"/models/(?P<model>.+)/{route}", router.tei)

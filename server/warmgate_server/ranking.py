@@ -120,8 +120,10 @@ def parse_rerank(body: object, limits: Limits) -> RankRequest:
 
 
 def parse_cohere_rerank(body: object, limits: Limits) -> RankRequest:
-    """The Cohere-style /v1/rerank: `query`, `documents` (strings or {"text": ...}), `top_n`,
-    `return_documents` (default false, as Cohere's v2 API); `model` is the router's business.
+    """The Cohere-style /v1/rerank (and Cohere's v2 /v2/rerank, which its SDK's ClientV2,
+    LangChain's and LlamaIndex's CohereRerank post): `query`, `documents` (strings or
+    {"text": ...}), `top_n`, `return_documents` (default false, as Cohere's v2 API),
+    `max_tokens_per_doc` (_check_max_tokens_per_doc); `model` is the router's business.
     Inputs over the model's limit are truncated, as Cohere, Jina and Infinity do."""
     fields = parse_object(body)
     query = _string(fields.get("query"), "query")
@@ -129,6 +131,7 @@ def parse_cohere_rerank(body: object, limits: Limits) -> RankRequest:
     top_n = fields.get("top_n")
     if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1):
         raise validation("`top_n` must be a positive integer", "invalid_type", "top_n")
+    _check_max_tokens_per_doc(fields.get("max_tokens_per_doc"), limits)
     return RankRequest(
         texts=[query] * len(documents),
         second=list(documents),
@@ -139,6 +142,27 @@ def parse_cohere_rerank(body: object, limits: Limits) -> RankRequest:
         top_n=top_n,
         cohere=True,
     )
+
+
+def _check_max_tokens_per_doc(value: object, limits: Limits) -> None:
+    """Cohere's v2 `max_tokens_per_doc`: a cap at or above the server's input limit changes
+    nothing (every pair is already cut to that limit), and is taken; a lower one would cut
+    documents shorter than this server cuts them, and is refused rather than ignored."""
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise validation(
+            "`max_tokens_per_doc` must be a positive integer", "invalid_type", "max_tokens_per_doc"
+        )
+    limit = limits.max_input_length
+    if limit is not None and value < limit:
+        raise validation(
+            f"`max_tokens_per_doc` {value} is below this model's input limit of {limit} tokens "
+            f"per pair, to which every pair is already cut; this server does not cut documents "
+            f"shorter: omit it or give at least {limit}",
+            "invalid_value",
+            "max_tokens_per_doc",
+        )
 
 
 def parse_predict(body: object, limits: Limits) -> PredictRequest:

@@ -530,7 +530,9 @@ async def tei_root(request: web.Request) -> web.Response:
 # What each task's model serves, and what a route of another task tells its client.
 _TASK_ROUTES = {
     EMBED: "an embedding model: this server embeds text (/embed, /v1/embeddings)",
-    RERANK: "a re-ranker: this server ranks documents against a query (/rerank, /v1/rerank)",
+    RERANK: (
+        "a re-ranker: this server ranks documents against a query (/rerank, /v1/rerank, /v2/rerank)"
+    ),
     CLASSIFY: "a classifier: this server classifies texts and pairs (/predict)",
 }
 _KINDS = {EMBED: "an embedding", RERANK: "a re-ranker", CLASSIFY: "a classifier"}
@@ -656,4 +658,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/embed_multi", _for(EMBED, embed_multi))
     app.router.add_post("/rerank", _for(RERANK, tei_rerank))
     app.router.add_post("/v1/rerank", _for(RERANK, cohere_rerank, OPENAI))
+    app.router.add_post("/v2/rerank", _for(RERANK, cohere_rerank, OPENAI))  # Cohere's ClientV2
     app.router.add_post("/predict", _for(CLASSIFY, tei_predict))

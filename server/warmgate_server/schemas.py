@@ -49,8 +49,10 @@ class Limits:
     prompts: Mapping[str, str] = field(default_factory=dict)
     """The model's named prompts, which a request picks with `prompt_name`."""
     outputs: tuple[str, ...] = ("dense",)
-    """What the model gives besides its dense vector: "sparse" and "colbert" where the folder
-    has bge-m3's heads (model_folder.MultiHeads)."""
+    """What the model gives (model_folder.ModelSettings.outputs): "dense", and "sparse" and
+    "colbert" where the folder has bge-m3's heads; a SPLADE model "sparse" alone."""
+    max_input_length: int | None = None
+    """Tokens per input (a pair's both texts) the server takes."""
 
 
 Input = str | list[int]

@@ -120,4 +120,5 @@ def request_limits(
         auto_truncate=config.auto_truncate,
         prompts=settings.prompts,
         outputs=settings.outputs,
+        max_input_length=settings.max_input_length,
     )

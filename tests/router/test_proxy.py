@@ -627,7 +627,8 @@ def ranker(tmp_path_factory):
 
 
 async def test_rerank_and_predict_routes_reach_the_re_ranker_they_name(rig, pods, ranker):
-    """/v1/rerank by the body's model (as Cohere's, Jina's and Infinity's clients send it),
+    """/v1/rerank and /v2/rerank by the body's model (as Cohere's, Jina's and Infinity's
+    clients send it),
     TEI's /rerank by header or path; a re-ranking route sent to an embedder gets the pod's
     424, which says what the model is."""
     r = await rig()
@@ -643,6 +644,11 @@ async def test_rerank_and_predict_routes_reach_the_re_ranker_they_name(rig, pods
             assert response.headers[SERVICE_HEADER] == f"{NS}/ranker"
             cohere = await response.json()
         assert len(cohere["results"]) == 2
+        # Cohere's ClientV2 (LangChain's and LlamaIndex's CohereRerank): the same body.
+        async with session.post(r.url + "/v2/rerank", json=body) as response:
+            assert response.status == 200, await response.text()
+            assert response.headers[SERVICE_HEADER] == f"{NS}/ranker"
+            assert (await response.json())["results"] == cohere["results"]
         tei = {"query": "Seoul weather", "texts": documents}
         for url, headers in (
             ("/rerank", {MODEL_HEADER: "ranker"}),
