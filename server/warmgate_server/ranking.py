@@ -40,6 +40,18 @@ class PredictRequest(EmbedRequest):
 
     raw_scores: bool = False
     batch: bool = False
+    top_k: int | None = None
+    """huggingface_hub's text_classification `parameters.top_k`: the best labels kept."""
+    function: str | None = None
+    """Its `parameters.function_to_apply` (FUNCTIONS), else the route's own choice."""
+    pipeline: bool = False
+    """The body has `parameters` (the text-classification pipeline's form, which
+    huggingface_hub's InferenceClient sends): a lone input is answered as a list of one (the
+    Inference API's shape, which the client reads), not as TEI's flat list."""
+
+
+FUNCTIONS = ("sigmoid", "softmax", "none")
+"""transformers' text-classification pipeline's function_to_apply values."""
 
 
 def activate(logits: np.ndarray, activation: str | None) -> np.ndarray:
@@ -199,7 +211,37 @@ def parse_predict(body: object, limits: Limits) -> PredictRequest:
         truncate=parse_flag(fields.get("truncate"), "truncate", limits.auto_truncate),
         raw_scores=parse_flag(fields.get("raw_scores"), "raw_scores", False),
         batch=batch,
+        pipeline="parameters" in fields,
+        **_pipeline_parameters(fields.get("parameters")),
     )
+
+
+def _pipeline_parameters(value: object) -> dict[str, Any]:
+    """`parameters` as huggingface_hub's InferenceClient.text_classification sends them (the
+    text-classification pipeline's): `top_k` and `function_to_apply`; another is refused."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise validation("`parameters` must be an object", "invalid_type", "parameters")
+    unknown = sorted(set(value) - {"top_k", "function_to_apply"})
+    if unknown:
+        raise validation(
+            f"`parameters.{unknown[0]}` is not one this route applies (top_k, function_to_apply)",
+            "invalid_value",
+            f"parameters.{unknown[0]}",
+        )
+    top_k, function = value.get("top_k"), value.get("function_to_apply")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise validation(
+            "`parameters.top_k` must be a positive integer", "invalid_type", "parameters.top_k"
+        )
+    if function is not None and function not in FUNCTIONS:
+        raise validation(
+            f"`parameters.function_to_apply` must be one of {', '.join(FUNCTIONS)}",
+            "invalid_value",
+            "parameters.function_to_apply",
+        )
+    return {"top_k": top_k, "function": function}
 
 
 def rerank_answer(
@@ -235,10 +277,13 @@ def rerank_answer(
 def predict_answer(
     request: PredictRequest, logits: np.ndarray, labels: tuple[str, ...], activation: str | None
 ) -> Any:
-    """TEI's [{score, label}] per input, best first (a list of those for a batch)."""
-    if request.raw_scores:
+    """TEI's [{score, label}] per input, best first (a list of those for a batch, or for the
+    pipeline's form); the best `top_k` labels where the request asks."""
+    if request.raw_scores or request.function == "none":
         scores = logits
-    elif logits.shape[-1] > 1:
+    elif request.function == "sigmoid":
+        scores = 1.0 / (1.0 + np.exp(-logits))
+    elif request.function == "softmax" or logits.shape[-1] > 1:
         scores = softmax(logits)
     else:
         scores = activate(logits, activation)
@@ -249,7 +294,7 @@ def predict_answer(
                 for value, label in zip(row, labels, strict=True)
             ),
             key=lambda item: -item["score"],
-        )
+        )[: request.top_k]
         for row in scores
     ]
-    return answers if request.batch else answers[0]
+    return answers if request.batch or request.pipeline else answers[0]

@@ -516,8 +516,20 @@ async def tei_decode(request: web.Request) -> web.Response:
 
 
 async def tei_root(request: web.Request) -> web.Response:
-    """POST / and /invocations: embed, or sentence similarity when `inputs` is an object with
-    `source_sentence` (huggingface_hub's InferenceClient posts both tasks to the URL itself)."""
+    """POST / and /invocations, as TEI's router answers them for the model it serves
+    (huggingface_hub's InferenceClient posts every task to the URL itself): a re-ranker
+    re-ranks, a classifier classifies (`text_classification`); an embedder embeds, or answers
+    sentence similarity when `inputs` is an object with `source_sentence`."""
+    engine = request.app[RUNTIME].engine
+    task = engine.settings.task if engine is not None else EMBED
+    if task == RERANK:
+        return await tei_rerank(request)
+    if task == CLASSIFY:
+        return await tei_predict(request)
+    return await _giving("dense", _embed_or_similarity)(request)
+
+
+async def _embed_or_similarity(request: web.Request) -> web.Response:
     try:  # under the same body deadline and limit as every route; cached for the one it picks
         body = await _read_json(request, request.app[RUNTIME].config.payload_limit)
     except Refused as err:
@@ -649,8 +661,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/health", tei_health)
     app.router.add_get("/ping", tei_health)
     app.router.add_get("/", tei_health)
-    app.router.add_post("/", _for(EMBED, _giving("dense", tei_root)))
-    app.router.add_post("/invocations", _for(EMBED, _giving("dense", tei_root)))
+    app.router.add_post("/", tei_root)
+    app.router.add_post("/invocations", tei_root)
     app.router.add_post("/tokenize", tei_tokenize)
     app.router.add_post("/decode", tei_decode)
     app.router.add_post("/similarity", _for(EMBED, _giving("dense", tei_similarity)))

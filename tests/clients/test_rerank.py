@@ -1,9 +1,11 @@
-"""Re-rank clients at their defaults against a real re-ranker server (issue 43): Cohere's own
-SDK (`cohere.ClientV2`, which posts /v2/rerank, and the older `cohere.Client`, /v1/rerank),
-LangChain's `CohereRerank` (langchain-cohere) and LlamaIndex's `CohereRerank` postprocessor,
-each pointed at the server by its `base_url`, as a team that runs its own re-ranker configures
-them. A tiny seeded BERT cross-encoder of the zoo (WordPiece; Korean and Japanese in the
-texts); the scores against `CrossEncoder.predict`, computed here."""
+"""Re-rank and classification clients at their defaults against real servers (issue 43):
+Cohere's own SDK (`cohere.ClientV2`, which posts /v2/rerank, and the older `cohere.Client`,
+/v1/rerank), LangChain's `CohereRerank` (langchain-cohere) and LlamaIndex's `CohereRerank`
+postprocessor, each pointed at the server by its `base_url`, as a team that runs its own
+re-ranker configures them; and huggingface_hub's `InferenceClient.text_classification`, which
+posts to the URL itself, against a classifier. Tiny seeded BERT cross-encoders of the zoo
+(WordPiece; Korean and Japanese in the texts); the scores against `CrossEncoder.predict` and
+transformers' own classifier, computed here."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def scores(folder: Path) -> list[float]:
 
     found = CrossEncoder(str(folder), device="cpu").predict([(QUERY, d) for d in DOCUMENTS])
     found = [float(score) for score in found]
-    assert len({round(score, 3) for score in found}) == len(DOCUMENTS), found
+    assert len({f"{score:.3g}" for score in found}) == len(DOCUMENTS), found
     return found
 
 
@@ -113,3 +115,47 @@ def test_llamaindex_s_cohere_rerank(server: ServerProcess, scores: list[float]) 
     assert [DOCUMENTS.index(node.node.get_content()) for node in kept] == best(scores, 2)
     for node in kept:
         assert node.score == close(scores[DOCUMENTS.index(node.node.get_content())])
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory) -> Iterator[tuple[ServerProcess, Path]]:
+    folder = zoo.cross_encoder("bert-mean", tmp_path_factory.mktemp("classifier"), 3, None, seed=3)
+    args = ["--model", str(folder), "--sequence-buckets", "32,64", "--warmup-batch-sizes", "1,4"]
+    with ServerProcess(args) as running:
+        assert running.wait_ready(300)["phase"] == "ready"
+        yield running, folder
+
+
+def test_huggingface_hub_s_text_classification(classifier, monkeypatch) -> None:
+    """InferenceClient(model=URL).text_classification posts `{"inputs", "parameters"}` to the
+    URL itself, which a classifier's server answers as /predict: softmax over the labels, best
+    first; its `top_k` and `function_to_apply` applied. The client reads the Inference API's
+    list per input (TEI's flat list for a lone input would give it the best label alone)."""
+    import huggingface_hub
+    import torch
+    from huggingface_hub import InferenceClient
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    # The test run sets HF_HUB_OFFLINE=1 (nothing may reach a hub from here), which the client
+    # applies to every URL; a user pointing it at their own server has it unset.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    server, folder = classifier
+    text = DOCUMENTS[0]
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
+    with torch.inference_mode():
+        logits = model(**AutoTokenizer.from_pretrained(str(folder))(text, return_tensors="pt"))
+    logits = logits.logits[0]
+    labels = [model.config.id2label[index] for index in range(3)]
+    client = InferenceClient(model=server.url)
+    for options, scores in [
+        ({}, torch.softmax(logits, -1)),
+        ({"top_k": 2}, torch.softmax(logits, -1)),
+        ({"function_to_apply": "sigmoid"}, torch.sigmoid(logits)),
+        ({"function_to_apply": "none"}, logits),
+    ]:
+        found = client.text_classification(text, **options)
+        want = sorted(zip(labels, scores.tolist(), strict=True), key=lambda item: -item[1])
+        want = want[: options.get("top_k", 3)]
+        assert [item.label for item in found] == [label for label, _ in want], options
+        for item, (_, score) in zip(found, want, strict=True):
+            assert item.score == close(score), options
