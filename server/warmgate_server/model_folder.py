@@ -689,6 +689,14 @@ def _cross_encoder(
     """A sentence-transformers CrossEncoder folder (config_sentence_transformers.json's
     model_type): one Transformer module that classifies, with its activation."""
     architecture = _classifier(model_config)
+    causal = [str(name) for name in model_config.get("architectures") or []]
+    if architecture is None and any(name.endswith("ForCausalLM") for name in causal):
+        raise ModelConfigError(
+            f"a CrossEncoder on a causal language model ({causal[0]}: Qwen3-Reranker's form, "
+            "its score the last token's yes logit less its no logit, sentence-transformers' "
+            "LogitScore) is not served; serve its *ForSequenceClassification conversion (one "
+            "label, the score row those two logits' difference), as TEI and vLLM serve it"
+        )
     if architecture is None:
         raise ModelConfigError(
             "config_sentence_transformers.json says CrossEncoder, but config.json's "

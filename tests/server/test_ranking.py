@@ -103,6 +103,29 @@ def test_tei_rerank_scores_are_cross_encoder_predict_s_sorted_best_first(
             assert item["text"] == DOCUMENTS[item["index"]]
 
 
+@pytest.mark.parametrize("forward", list(PASSES))
+def test_a_qwen3_sequence_classifier_ranks_as_cross_encoder_predict(tmp_path, forward) -> None:
+    """Qwen3-Reranker as people deploy it on TEI and vLLM: converted to a one-label
+    `Qwen3ForSequenceClassification` (its `score` row: the "yes" logit less the "no" one). The
+    decoder's packed pass takes the logits of each pair's last token that is not the pad token,
+    as transformers does; its byte-level BPE tokenizer joins a pair's two texts as they are."""
+    folder = zoo.cross_encoder("qwen3", tmp_path, 1, "sigmoid", seed=4)
+    expected = reference(folder, [(QUERY, doc) for doc in DOCUMENTS])
+    assert len(set(expected.tolist())) == len(DOCUMENTS), expected  # the test can fail
+    with _serve(folder, forward) as server:
+        answer = requests.post(
+            server.url + "/rerank", json={"query": QUERY, "texts": DOCUMENTS, "truncate": True}
+        )
+        lone = requests.post(server.url + "/rerank", json={"query": QUERY, "texts": DOCUMENTS[1:2]})
+    assert answer.status_code == 200, answer.text
+    results = answer.json()
+    assert [r["index"] for r in results] == list(np.argsort(-expected)), results
+    for item in results:
+        assert item["score"] == close(float(expected[item["index"]]))
+    assert lone.status_code == 200, lone.text
+    assert lone.json()[0]["score"] == close(float(expected[1]))
+
+
 def test_raw_scores_are_the_logits_before_the_folder_s_activation(models, bert) -> None:
     pairs = [(QUERY, doc) for doc in DOCUMENTS[:3]]
     logits = reference(models["bert-sigmoid"], pairs, activation_fn=lambda x: x)
@@ -254,3 +277,18 @@ def test_an_older_cross_encoder_s_activation_in_config_json_and_one_not_applied(
     (older / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelConfigError, match=r"my_package\.Softplus"):
         _settings(older)
+
+
+def test_a_cross_encoder_on_a_causal_lm_is_refused_naming_its_conversion(tmp_path) -> None:
+    """Qwen3-Reranker's own form, a CrossEncoder whose model is a *ForCausalLM (the score
+    sentence-transformers' LogitScore takes from the yes and no logits), is refused at start
+    with what to serve instead, not served as something else."""
+    from warmgate_server.model_folder import ModelConfigError
+
+    folder = tmp_path / "causal"
+    shutil.copytree(zoo.cross_encoder("qwen3", tmp_path, 1, "sigmoid", seed=4), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["Qwen3ForCausalLM"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelConfigError, match=r"Qwen3ForCausalLM: Qwen3-Reranker's form.*"):
+        _settings(folder)

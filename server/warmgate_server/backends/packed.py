@@ -54,7 +54,7 @@ class PackedBackend:
                 batch, shape.seq_len, shape.batch_size, layers
             )
             if self.classifier is not None:
-                return self.classifier(states, starts).cpu().numpy()
+                return self.classifier(states, starts, batch).cpu().numpy()
             if not pool:  # every real token's state, input after input
                 return per_input(states.float().cpu().numpy(), batch)
             pool_from = pool_starts(batch)

@@ -4,7 +4,10 @@ classifier), as transformers computes it on the first token's state:
 - BERT (`BertForSequenceClassification`): the pooler, tanh(pooler.dense(CLS)), then
   `classifier`;
 - RoBERTa, XLM-R, CamemBERT (`RobertaForSequenceClassification`'s `RobertaClassificationHead`):
-  `classifier.dense`, tanh, then `classifier.out_proj`.
+  `classifier.dense`, tanh, then `classifier.out_proj`;
+- Qwen3 and Gemma 3 (`Qwen3ForSequenceClassification`: Qwen3-Reranker as its seq-cls
+  conversion serves it, and TEI and vLLM too): `score` (no bias) of each input's last token
+  that is not config.json's pad token, as transformers picks it.
 
 Dropout is off at inference. Float32 out: the logits, before the folder's activation (ranking.py
 applies it).
@@ -12,19 +15,35 @@ applies it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .bert import PackedBert
+from .decoder import PackedDecoder
 
 
 class SequenceClassifier:
-    """The classification head of a packed BERT-family encoder's checkpoint."""
+    """The classification head of a packed encoder's checkpoint (BERT family, or a decoder's
+    on its last token)."""
 
-    def __init__(self, encoder: PackedBert, model_type: str | None) -> None:
+    def __init__(self, encoder: PackedBert | PackedDecoder, model_type: str | None) -> None:
+        self.last: int | None = None
+        """Not None: the logits are the last token's (a decoder's), skipping this pad id
+        (-1: none)."""
+        if isinstance(encoder, PackedDecoder):
+            weight = encoder.task_head.get("score.weight")
+            if set(encoder.task_head) != {"score.weight"} or weight is None:
+                raise ValueError(
+                    "cannot run this model packed: its classifier's weights are "
+                    f"{', '.join(sorted(encoder.task_head)) or 'none'}, not score.weight"
+                )
+            self.layers = ((weight.float(), None),)
+            self.last = encoder.pad_token_id if encoder.pad_token_id is not None else -1
+            self.labels = int(weight.shape[0])
+            return
         head, pooler = encoder.task_head, encoder.pooler
         if model_type == "bert":
             self.layers = (
@@ -54,12 +73,35 @@ class SequenceClassifier:
             )
         self.labels = int(self.layers[1][0].shape[0])
 
-    def __call__(self, states: torch.Tensor, starts: np.ndarray) -> torch.Tensor:
-        """(inputs, labels) logits from the packed states and each input's first token."""
+    def __call__(
+        self,
+        states: torch.Tensor,
+        starts: np.ndarray,
+        batch: Sequence[Sequence[int]],
+    ) -> torch.Tensor:
+        """(inputs, labels) logits from the packed states: each input's first token's (BERT's
+        family), or its last that is not the pad token (a decoder's)."""
+        if self.last is not None:
+            rows = [
+                start + _last_not(tokens, self.last)
+                for start, tokens in zip(starts.tolist(), batch, strict=True)
+            ]
+            index = torch.tensor(rows, dtype=torch.long, device=states.device)
+            ((weight, _),) = self.layers
+            return F.linear(states[index].float(), weight)
         first = torch.from_numpy(np.ascontiguousarray(starts)).to(states.device)
         x = states[first].float()
         (w1, b1), (w2, b2) = self.layers
         return F.linear(torch.tanh(F.linear(x, w1, b1)), w2, b2)
+
+
+def _last_not(tokens: Sequence[int], pad: int) -> int:
+    """The position of the last token that is not `pad` (0 where all are), as transformers'
+    *ForSequenceClassification finds it on a right-padded row."""
+    for position in range(len(tokens) - 1, -1, -1):
+        if tokens[position] != pad:
+            return position
+    return 0
 
 
 def _linear(

@@ -63,6 +63,8 @@ MODEL_TYPES = (QWEN3, GEMMA3)
 FULL, SLIDING = "full_attention", "sliding_attention"
 # Weights no embedding reads: a causal LM's head, and buffers of older checkpoints.
 _NOT_READ = ("lm_head.", "rotary_emb.")
+_TASK_HEAD = ("score.",)
+"""A *ForSequenceClassification's head (its logits from the last real token's state)."""
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 _MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 _GELU_TANH = ("gelu_pytorch_tanh",)
@@ -283,7 +285,13 @@ class PackedDecoder:
         if why_not is not None:
             raise ValueError(f"cannot run this model packed: {why_not}")
         self.family = family = FAMILIES[str(config["model_type"])]
-        state = _canonical(state)
+        state, self.task_head = _canonical(state)
+        """A *ForSequenceClassification checkpoint's `score.weight` (else empty): classify.py
+        reads it."""
+        pad = config.get("pad_token_id")
+        self.pad_token_id = int(pad) if isinstance(pad, int) else None
+        """config.json's pad token: a classifier's logits are those of each input's last token
+        that is not it (transformers' *ForSequenceClassification)."""
         first = next(iter(state.values()))
         self.device = first.device
         self.dtype = first.dtype
@@ -569,16 +577,22 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def _canonical(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _canonical(
+    state: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Qwen3Model's and Gemma3TextModel's key names: without the `model.` prefix of a
     *ForCausalLM checkpoint (whose `lm_head` is then left out, as transformers' AutoModel
-    leaves it)."""
+    leaves it) or a *ForSequenceClassification one, whose head (`score.weight`: a re-ranker
+    converted from Qwen3-Reranker, a classifier) comes back as the second dict (classify.py
+    reads it)."""
     prefixed = any(key.startswith("model.") for key in state)
-    out = {}
+    out, head = {}, {}
     for key, value in state.items():
         if prefixed and not key.startswith("model."):
-            if not key.startswith(_NOT_READ):
+            if key.startswith(_TASK_HEAD):
+                head[key] = value.detach()
+            elif not key.startswith(_NOT_READ):
                 out[key] = value.detach()  # reported as unused
             continue
         out[key.removeprefix("model.")] = value.detach()
-    return out
+    return out, head
