@@ -5,7 +5,7 @@ classifier), as transformers computes it on the first token's state:
   `classifier`;
 - RoBERTa, XLM-R, CamemBERT (`RobertaForSequenceClassification`'s `RobertaClassificationHead`):
   `classifier.dense`, tanh, then `classifier.out_proj`;
-- Qwen3 and Gemma 3 (`Qwen3ForSequenceClassification`: Qwen3-Reranker as its seq-cls
+- Qwen3 (`Qwen3ForSequenceClassification`: Qwen3-Reranker as its seq-cls
   conversion serves it, and TEI and vLLM too): `score` (no bias) of each input's last token
   that is not config.json's pad token, as transformers picks it.
 
