@@ -8,14 +8,16 @@ for a lone short input; on an Ice Lake Xeon oneDNN is ahead up to a few hundred 
 from about a thousand (at 3,808 tokens, 32 pairs of a re-ranker, oneDNN's three plain matrices
 took 26% longer: the figures, docs/benchmarks.md). So at load the first layer's four matrices
 are timed both ways at SMALL_ROWS, LARGE_ROWS and the largest pass the server's plan allows (up
-to BIG_ROWS), on the model thread's own thread count, interleaved, medians. Each row count
-takes the faster kernel (oneDNN unless MKL is at least TIE faster: the choice should not flap
-with noise), and serves the passes from its own start: SMALL_ROWS's below SWITCH_ROWS tokens,
-LARGE_ROWS's from there, the largest's from the geometric mean of it and LARGE_ROWS. When the
-kernels differ and the linear weights are at most BOTH_LIMIT bytes, both are kept (a second
-copy of those weights); above the limit the largest row count's kernel serves every pass
-(throughput decides capacity). The server's `--linear onednn|mkl|aten` (`WARMGATE_LINEAR`; the
-older `WARMGATE_ONEDNN=0`: mkl) fixes the kernel.
+to BIG_ROWS), on the model thread's own thread count, interleaved. Each row count takes the
+faster kernel (oneDNN unless MKL is at least TIE faster, and for the largest pass MKL unless
+oneDNN is: the choice should not flap with noise, and the largest pass is where a few percent
+is capacity; its two kernels' rates differ by 5-14% on that Xeon), and serves the passes from
+its own start: SMALL_ROWS's below SWITCH_ROWS tokens, LARGE_ROWS's from there, the largest's
+from the geometric mean of it and LARGE_ROWS. When the kernels differ and the linear weights
+are at most BOTH_LIMIT bytes, both are kept (a second copy of those weights); above the limit
+the largest row count's kernel serves every pass (throughput decides capacity). The server's
+`--linear onednn|mkl|aten` (`WARMGATE_LINEAR`; the older `WARMGATE_ONEDNN=0`: mkl) fixes the
+kernel.
 
 bfloat16 on a CPU is chosen the same way, between oneDNN on reordered weights and torch's own
 `F.linear` (named `aten`: it is not MKL in bfloat16), where oneDNN has bfloat16 kernels for
@@ -43,10 +45,12 @@ SMALL_ROWS = 16
 """A lone short input's tokens."""
 LARGE_ROWS = 256
 """A batch's tokens (32 short sentences are about 300)."""
-BIG_ROWS = 4096
+BIG_ROWS = 2048
 """The largest pass measured: a pass's tokens are at most --max-batch-tokens (16,384 by
-default), and one timed run of a multilingual-e5-base-sized layer at 4,096 tokens takes about
-0.2 s on two Ice Lake cores."""
+default), but each timed run adds to every start without a warm state (a multilingual-e5-base-
+sized layer at 2,048 tokens: about 0.2 s on one Ice Lake core, so 0.8 s for both kernels), and
+from about a thousand tokens on the per-token rates stay as they are (this Ice Lake: MKL 5-14%
+ahead from 2,048 to 4,608 tokens, oneDNN's rate at 4,096 within 1% of its rate at 3,584)."""
 BIG_RUNS = 2
 """Timed runs at the largest row count, the faster of them kept, with no warmup run: a run is
 long (tenths of a second), so a oneDNN primitive's making (milliseconds) and the noise of a
@@ -57,7 +61,8 @@ BOTH_LIMIT = 512 * 2**20
 """Keep a second copy of the linear weights only up to this size (MiniLM's are 85 MB, an
 XLM-R of multilingual-e5-base's shape 340 MB, bge-m3's 1.2 GB)."""
 TIE = 0.05
-"""MKL must be this much faster to take a row count from oneDNN."""
+"""How much faster MKL must be to take a short row count from oneDNN, and oneDNN to take the
+largest pass from MKL."""
 RUNS = 7
 ONEDNN_WARM_ROWS = 128
 """oneDNN makes a primitive (a JIT kernel) the first time it meets a matrix shape, and keeps it:
@@ -314,6 +319,8 @@ def choose(
 
     def faster(count: int) -> Kernel:
         mkl_ms, onednn_ms = measured[plain.name][count], measured["onednn"][count]
+        if count > LARGE_ROWS:  # the plain weights unless oneDNN's reorder earns its keep
+            return onednn if onednn_ms < mkl_ms * (1 - TIE) else plain
         return plain if mkl_ms < onednn_ms * (1 - TIE) else onednn
 
     starts = [0, SWITCH_ROWS, *(round(math.sqrt(LARGE_ROWS * count)) for count in rows[2:])]
