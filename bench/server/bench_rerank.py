@@ -75,7 +75,8 @@ def documents(count: int, seed: int) -> list[str]:
 def server(folder: Path, packing: str) -> ServerProcess:
     args = ["--model", str(folder), "--device", "cpu", "--packing", packing,
             "--sequence-buckets", "64,128", "--warmup-batch-sizes", "1,8,32",
-            "--auto-truncate", "--forward-timeout", "600"]  # fmt: skip
+            "--auto-truncate", "--forward-timeout", "600",
+            "--request-timeout", "1800"]  # c = 8 of 100 pairs: minutes in the queue  # fmt: skip
     return ServerProcess(args)
 
 
