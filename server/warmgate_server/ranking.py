@@ -282,7 +282,7 @@ def predict_answer(
     if request.raw_scores or request.function == "none":
         scores = logits
     elif request.function == "sigmoid":
-        scores = 1.0 / (1.0 + np.exp(-logits))
+        scores = activate(logits, SIGMOID)
     elif request.function == "softmax" or logits.shape[-1] > 1:
         scores = softmax(logits)
     else:

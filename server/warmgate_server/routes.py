@@ -526,7 +526,7 @@ async def tei_root(request: web.Request) -> web.Response:
         return await tei_rerank(request)
     if task == CLASSIFY:
         return await tei_predict(request)
-    return await _giving("dense", _embed_or_similarity)(request)
+    return await _embedder_root(request)
 
 
 async def _embed_or_similarity(request: web.Request) -> web.Response:
@@ -580,6 +580,10 @@ def _giving(part: str, handler: Handler, api: Api = TEI) -> Handler:
         return await handler(request)
 
     return checked
+
+
+_embedder_root = _giving("dense", _embed_or_similarity)
+"""POST / for an embedder: a SPLADE model, which has no dense vector, answers 424."""
 
 
 def _render_rerank(runtime: Runtime, parsed: EmbedRequest, result: Result) -> object:

@@ -7,7 +7,8 @@ input's tokens, special tokens included; the non-zero entries are the vector, by
 The encoder runs as an embedder's does (the padding-free pass, or transformers' padded one);
 the head runs on the pass's token states in the model thread, beside the pass, so warmup warms
 it with every planned shape. A vocabulary-wide row per token is 120 KB for BERT's 30,522 ids:
-the logits are made CHUNK tokens at a time (about 60 MB), never for a whole batch at once.
+the logits are made CHUNK tokens at a time across the batch's inputs (about 60 MB), never for
+a whole batch at once.
 
 The MLM head's weights are read from the checkpoint by their names in the family's
 `*ForMaskedLM` (BERT's `cls.predictions`, RoBERTa's and XLM-R's `lm_head`, DistilBERT's
@@ -166,23 +167,34 @@ class SpladeHead:
         self, states: Sequence[np.ndarray], batch: Sequence[Sequence[int]]
     ) -> list[MultiOutput]:
         with torch.inference_mode():
-            return [self._one(np.asarray(rows)) for rows in states]
+            return self._outputs(states)
 
-    def _one(self, states: np.ndarray) -> MultiOutput:
-        x = torch.from_numpy(states).to(self.device, torch.float32)
-        total = torch.zeros(self.vocabulary, device=self.device)
+    def _outputs(self, states: Sequence[np.ndarray]) -> list[MultiOutput]:
+        """The batch's tokens CHUNK at a time across inputs (one matrix product per chunk, not
+        per input), each token's weights reduced into its input's row."""
+        lengths = torch.tensor([len(rows) for rows in states])
+        x = torch.from_numpy(np.concatenate(states) if len(states) > 1 else states[0])
+        x = x.to(self.device, torch.float32)
+        owner = torch.repeat_interleave(torch.arange(len(states)), lengths).to(self.device)
+        total = torch.zeros(len(states), self.vocabulary, device=self.device)
         for start in range(0, x.shape[0], CHUNK):
             weights = torch.log1p(torch.relu(self.head.logits(x[start : start + CHUNK])))
             if self.settings.activation == "log1p_relu":
                 weights = torch.log1p(weights)
-            if self.settings.pooling == "max":
-                total = torch.maximum(total, weights.amax(dim=0))
+            rows = owner[start : start + CHUNK]
+            if self.settings.pooling == "max":  # weights are >= 0, so a zero start is neutral
+                total.scatter_reduce_(0, rows[:, None].expand_as(weights), weights, "amax")
             else:
-                total += weights.sum(dim=0)
-        ids = torch.nonzero(total).squeeze(-1)
-        return MultiOutput(
-            dense=np.zeros(0, dtype=np.float32),
-            token_ids=ids.cpu().numpy().astype(np.int64),
-            token_weights=total[ids].cpu().numpy(),
-            colbert=None,
-        )
+                total.index_add_(0, rows, weights)
+        out = []
+        for row in total:
+            ids = torch.nonzero(row).squeeze(-1)
+            out.append(
+                MultiOutput(
+                    dense=np.zeros(0, dtype=np.float32),
+                    token_ids=ids.cpu().numpy().astype(np.int64),
+                    token_weights=row[ids].cpu().numpy(),
+                    colbert=None,
+                )
+            )
+        return out

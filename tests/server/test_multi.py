@@ -17,17 +17,12 @@ import numpy as np
 import pytest
 import requests
 from support.flag_embedding import flag_embedding_m3
+from support.texts import SCRIPTS
 
 from warmgate_testkit import zoo
 from warmgate_testkit.process import ServerProcess
 
-TEXTS = [
-    "서울의 날씨는 어떤가요?",
-    "A man is eating a piece of bread.",
-    "東京の天気はどうですか",
-    "🌧️ rain 비",
-    "Kubernetes readiness gates keep a pod out of the endpoints until it is warm. " * 4,
-]
+TEXTS = SCRIPTS
 MAX_LENGTH = 64
 """The zoo model's max_seq_length: the long text is truncated to it on both sides."""
 

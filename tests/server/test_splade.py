@@ -17,17 +17,12 @@ from pathlib import Path
 
 import pytest
 import requests
+from support.texts import SCRIPTS
 
 from warmgate_testkit import zoo
 from warmgate_testkit.process import ServerProcess
 
-TEXTS = [
-    "서울의 날씨는 어떤가요?",
-    "A man is eating a piece of bread.",
-    "東京の天気はどうですか",
-    "🌧️ rain 비",
-    "Kubernetes readiness gates keep a pod out of the endpoints until it is warm. " * 4,
-]
+TEXTS = SCRIPTS
 
 # (family, pooling, activation, legacy module form, --packing)
 CASES = {
