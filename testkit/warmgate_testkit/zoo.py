@@ -19,6 +19,7 @@ heads.
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import os
 import shutil
@@ -91,24 +92,82 @@ def _bpe_parts(model: dict[str, Any]) -> tuple[dict[str, int], list[tuple[str, s
 
 
 def _wordpiece(specials: list[str], lowercase: bool = True) -> dict[str, int]:
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    """A WordPiece vocabulary of the corpus, the same in every process: BERT's normalizer and
+    pre-tokenizer, then BPE merges (a word's first character as it is, the others "##"-
+    prefixed), the most frequent pair first and ties by the pair's text. The tokenizers
+    library's WordPieceTrainer does the same but breaks ties and numbers its tokens in its hash
+    maps' order, which changes with every process: its models, and so a test's references and
+    tolerances, differed between two runs of the same test (a raw score 3.6e-4 from
+    CrossEncoder.predict's in one CI run, within 1e-4 in every other)."""
+    from tokenizers import normalizers, pre_tokenizers
 
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(vocab_size=VOCAB_SIZE, special_tokens=specials)
-    return _trained(tokenizer, trainer)["vocab"]
+    normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    counts: dict[str, int] = {}
+    for line in corpus():
+        for word, _span in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line)):
+            counts[word] = counts.get(word, 0) + 1
+    words = [[word[0], *("##" + char for char in word[1:])] for word in counts]
+    frequency = list(counts.values())
+    tokens = list(specials)
+    characters = {symbol.removeprefix("##") for word in words for symbol in word}
+    alphabet = characters | {"##" + char for char in characters}
+    tokens += sorted(alphabet - set(tokens))
+    known = set(tokens)
+    while len(tokens) < VOCAB_SIZE:
+        pairs: dict[tuple[str, str], int] = {}
+        for word, count in zip(words, frequency, strict=True):
+            for pair in itertools.pairwise(word):
+                pairs[pair] = pairs.get(pair, 0) + count
+        if not pairs:
+            break
+        first, second = min(pairs, key=lambda pair: (-pairs[pair], pair))
+        merged = first + second[2:]
+        for word in words:
+            at = 0
+            while at < len(word) - 1:
+                if word[at] == first and word[at + 1] == second:
+                    word[at : at + 2] = [merged]
+                at += 1
+        if merged not in known:
+            known.add(merged)
+            tokens.append(merged)
+    return {token: index for index, token in enumerate(tokens)}
+
+
+def _sentencepiece_unigram(normalization: str) -> tuple[bytes, Any]:
+    """A SentencePiece Unigram model of the corpus (its serialized proto and a processor),
+    with `normalization` (SentencePiece's rule name), unknown at id 0 and no other specials;
+    one thread, so the same in every process."""
+    import tempfile
+
+    import sentencepiece
+
+    with tempfile.TemporaryDirectory() as scratch:
+        text = Path(scratch) / "corpus.txt"
+        text.write_text("\n".join(corpus()))
+        sentencepiece.SentencePieceTrainer.train(
+            input=str(text), model_prefix=f"{scratch}/sp", vocab_size=VOCAB_SIZE // 2,
+            hard_vocab_limit=False, model_type="unigram", normalization_rule_name=normalization,
+            character_coverage=1.0, bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2,
+            num_threads=1,
+        )  # fmt: skip
+        proto = Path(f"{scratch}/sp.model").read_bytes()
+        return proto, sentencepiece.SentencePieceProcessor(model_file=f"{scratch}/sp.model")
 
 
 def _unigram(specials: list[str]) -> list[tuple[str, float]]:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.Unigram())
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
-    trainer = trainers.UnigramTrainer(
-        vocab_size=VOCAB_SIZE, special_tokens=specials, unk_token="<unk>"
-    )
-    return [(piece, float(score)) for piece, score in _trained(tokenizer, trainer)["vocab"]]
+    """A Unigram vocabulary of the corpus (pieces and their log probabilities, specials first
+    at 0), trained by SentencePiece on whitespace-split text with no normalization, as the
+    Metaspace pre-tokenizer splits it. SentencePiece's trainer gives the same pieces and scores
+    in every process; the tokenizers library's UnigramTrainer numbers the characters it adds
+    at the end in its hash map's order, which changes with every process."""
+    _proto, processor = _sentencepiece_unigram("identity")
+    pieces = [
+        (processor.id_to_piece(index), float(processor.get_score(index)))
+        for index in range(1, processor.get_piece_size())  # 0 is SentencePiece's <unk>
+    ]
+    return [*((piece, 0.0) for piece in specials), *(p for p in pieces if p[0] not in specials)]
 
 
 def _byte_bpe(specials: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -551,6 +610,11 @@ def build(name: str, layout: str, root: Path, seed: int = 0) -> Path:
     return folder
 
 
+CLASSIFIER_STD = 0.5
+"""The spread of a cross-encoder's classifier weights: wide enough that scores differ between
+pairs (at least 1e-3 apart here), not so wide that a sigmoid saturates or float32's rounding
+through the layers nears a test's tolerance (logits of a few units)."""
+
 CROSS_ENCODER_ACTIVATIONS = {
     "sigmoid": "torch.nn.modules.activation.Sigmoid",
     "identity": "torch.nn.modules.linear.Identity",
@@ -587,7 +651,7 @@ def cross_encoder(
     model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
     for name, weight in model.named_parameters():
         if name.startswith("classifier") and name.endswith("weight"):
-            torch.nn.init.normal_(weight, std=1.0)
+            torch.nn.init.normal_(weight, std=CLASSIFIER_STD)
     scratch = root / f".{folder.name}-transformer"
     model.save_pretrained(scratch)
     tokenizer.model_max_length = family.max_seq_length
@@ -969,20 +1033,8 @@ def write_hub_xlmr_tokenizer(folder: Path) -> None:
     tokenizer_config.json and special_tokens_map.json naming <mask> with lstrip, as theirs do.
     Written into `folder`, over any tokenizer files there."""
     import base64
-    import tempfile
 
-    import sentencepiece
-
-    with tempfile.TemporaryDirectory() as scratch:
-        text = Path(scratch) / "corpus.txt"
-        text.write_text("\n".join(corpus()))
-        sentencepiece.SentencePieceTrainer.train(
-            input=str(text), model_prefix=f"{scratch}/sp", vocab_size=VOCAB_SIZE // 2,
-            hard_vocab_limit=False, model_type="unigram", normalization_rule_name="nmt_nfkc",
-            character_coverage=1.0, bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2,
-        )  # fmt: skip
-        proto = Path(f"{scratch}/sp.model").read_bytes()
-        processor = sentencepiece.SentencePieceProcessor(model_file=f"{scratch}/sp.model")
+    proto, processor = _sentencepiece_unigram("nmt_nfkc")
     normalizer_spec = next(value for number, _wire, value in _protobuf_fields(proto) if number == 3)
     charsmap = next(v for n, _w, v in _protobuf_fields(normalizer_spec) if n == 2)
     pieces = [

@@ -71,16 +71,20 @@ def xlmr(request, models) -> Iterator[ServerProcess]:
 
 
 def close(value: float) -> object:
-    """CrossEncoder.predict's score to float32's rounding through the layers: either pass sums
-    in another order than predict()'s padded batch (2e-5 of a logit of 0.8, 4e-6 of one of 5
-    seen here); a wrong head or activation is off by far more."""
+    """A served score against the exact one (`reference`): float32's rounding through the
+    layers, which these tiny random models magnify (CrossEncoder.predict's own float32 logit
+    of 7.1 was 2.6e-4 from its float64 one; the packed pass was as close to it as
+    transformers' pass); a wrong head or activation is off by far more."""
     return pytest.approx(value, rel=1e-4, abs=1e-4)
 
 
 def reference(folder: Path, pairs: list, **options) -> np.ndarray:
+    """CrossEncoder.predict's scores in float64: the exact answer each float32 pass rounds."""
+    import torch
     from sentence_transformers import CrossEncoder
 
-    return np.asarray(CrossEncoder(str(folder), device="cpu").predict(pairs, **options))
+    model = CrossEncoder(str(folder), device="cpu", model_kwargs={"torch_dtype": torch.float64})
+    return np.asarray(model.predict(pairs, convert_to_tensor=True, **options).double())
 
 
 def test_tei_rerank_scores_are_cross_encoder_predict_s_sorted_best_first(
