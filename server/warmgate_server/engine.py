@@ -84,6 +84,10 @@ class Engine:
             multi=multi_head(settings, loaded, head),
         )
         runner.faults = faults
+        if settings.logit_score is not None:  # a causal-LM re-ranker: its chat template
+            from .pre import ChatPairs
+
+            runner.tokenization.chat = ChatPairs(settings.default_prompt)
         self.workers = Workers(config, loaded, runner, model_threads, solo_threads)
         self.memory = probe_for(loaded.device, loaded.path)
         openai_ids = OpenAITokenIds.load(config.openai_token_ids)

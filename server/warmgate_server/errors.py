@@ -49,6 +49,18 @@ class InvalidTokenIds(ValueError):
         self.index = index
 
 
+class NotAPair(ValueError):
+    """Input `index` is a text alone where the model scores (query, document) pairs only (a
+    re-ranker whose chat template renders the two)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(
+            f"input {index} is one text: this re-ranker scores (query, document) pairs only, "
+            "rendered by its chat template"
+        )
+        self.index = index
+
+
 class ModelFault(RuntimeError):
     """A batch's forward pass failed (`hung`: it ran past --forward-timeout); the scheduler
     fails the batch's requests with it."""

@@ -184,11 +184,19 @@ def load_model(
     if scores and packed is not None:  # the classification head on the padding-free pass
         from .models.classify import SequenceClassifier
 
+        rows = None if folder.logit_score is None else _logit_rows(path, packed, folder)
         try:
-            classifier = SequenceClassifier(packed, folder.model_type)  # type: ignore[arg-type]
+            classifier = SequenceClassifier(packed, folder.model_type, rows)  # type: ignore[arg-type]
         except ValueError as exc:
             packed, why_not = None, str(exc).removeprefix("cannot run this model packed: ")
     model = None
+    if packed is None and folder.logit_score is not None:
+        # transformers' padded pass would compute every token's logits over the vocabulary
+        # (151,669 of them for Qwen3-Reranker) to read two at one position.
+        raise ModelLoadError(
+            f"--model {config.model}: a causal-LM re-ranker ({folder.decoder}) runs on the "
+            f"padding-free pass only, and it cannot here ({why_not})"
+        )
     if packed is None:
         if config.packing == "on":
             raise ModelLoadError(f"--packing on: {why_not}; use --packing auto or off")
@@ -257,6 +265,36 @@ def load_model(
         "packed" if packed is not None else "padded",
     )
     return loaded
+
+
+def _logit_rows(path: Path, packed: Any, folder: model_folder.FolderSettings) -> Any:
+    """A causal-LM re-ranker's score as one row of weights: LogitScore's true token's row of
+    the LM head less its false token's (their logits' difference is the product with it), in
+    float32; the head is the input embeddings where the checkpoint ties them (it has no
+    lm_head.weight). The rest of the head is never kept."""
+    import torch
+
+    score = folder.logit_score
+    assert score is not None
+    found = checkpoint.load_some(path, {"lm_head.weight"}).get("lm_head.weight")
+    if found is None:
+        config = json.loads((path / "config.json").read_text())
+        if not config.get("tie_word_embeddings", False):
+            raise ModelLoadError(
+                f"{path}: the checkpoint has no lm_head.weight and config.json does not tie it "
+                "to the input embeddings (tie_word_embeddings): the re-ranker's scoring rows "
+                "are not in the folder"
+            )
+    head = found if found is not None else packed.embed
+    ids = [score.true_token_id, *([] if score.false_token_id is None else [score.false_token_id])]
+    vocabulary = int(head.shape[0])
+    if max(ids) >= vocabulary or min(ids) < 0:
+        raise ModelLoadError(
+            f"{folder.task_source}: token ids {ids} are not all below the LM head's "
+            f"{vocabulary} rows"
+        )
+    rows = head[ids].to(device=packed.device, dtype=torch.float32)
+    return (rows[:1] - rows[1:] if len(ids) == 2 else rows).contiguous()
 
 
 def _load_tokenizer(config: ServerConfig, path: Path, pairs: bool = False) -> Tokenizer:

@@ -100,9 +100,17 @@ _SPARSE_TYPES = {
 }
 """A SparseEncoder's (SPLADE's) modules: its masked-language-model Transformer (the older
 module; today a Transformer of transformer_task fill-mask) and its pooling (splade.py)."""
+_CROSS_ENCODER_TYPES = {
+    "LogitScore": (
+        "sentence_transformers.cross_encoder.modules.logit_score.LogitScore",
+        "sentence_transformers.cross_encoder.modules.LogitScore",
+    ),
+}
+"""A CrossEncoder on a causal language model (Qwen3-Reranker's own form): its score is the
+last token's logit of one token less another's (classify.py)."""
 KIND_OF_TYPE = {
     path: kind
-    for kinds in (_MODULE_TYPES, _SPARSE_TYPES)
+    for kinds in (_MODULE_TYPES, _SPARSE_TYPES, _CROSS_ENCODER_TYPES)
     for kind, paths in kinds.items()
     for path in paths
 }
@@ -193,6 +201,18 @@ def multi_heads(folder: Path) -> MultiHeads | None:
 
 
 @dataclass(frozen=True)
+class LogitScore:
+    """sentence-transformers' LogitScore after a causal language model: a pair's score is the
+    logit of `true_token_id` at its prompt's last token, less that of `false_token_id` (None:
+    the first alone). The pair is the model's chat template rendered over a `query` and a
+    `document` message (the model's default prompt, if any, a `system` message first), as
+    sentence-transformers' CrossEncoder renders it."""
+
+    true_token_id: int
+    false_token_id: int | None
+
+
+@dataclass(frozen=True)
 class FolderSettings:
     """What a sentence-transformers folder says (None: it says nothing)."""
 
@@ -227,6 +247,9 @@ class FolderSettings:
     """An embedder's sparse and ColBERT heads (bge-m3's), or None."""
     splade: SpladeSettings | None = None
     """A SparseEncoder's pooling: the model gives sparse vectors only (splade.py), or None."""
+    logit_score: LogitScore | None = None
+    """A CrossEncoder on a causal language model: the tokens whose logits score a pair, and
+    its chat template renders each pair; else None."""
 
 
 @dataclass(frozen=True)
@@ -254,6 +277,8 @@ class ModelSettings:
     """The sparse and ColBERT heads served beside the dense vector (an embedder's), or None."""
     splade: SpladeSettings | None = None
     """A SparseEncoder's pooling (its sparse vectors are all it gives), or None."""
+    logit_score: LogitScore | None = None
+    """A causal-LM re-ranker's scoring tokens (FolderSettings.logit_score), or None."""
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -296,6 +321,16 @@ class ModelSettings:
             **(
                 {"splade": {"pooling": self.splade.pooling, "activation": self.splade.activation}}
                 if self.splade is not None
+                else {}
+            ),
+            **(
+                {
+                    "logit_score": {
+                        "true_token_id": self.logit_score.true_token_id,
+                        "false_token_id": self.logit_score.false_token_id,
+                    }
+                }
+                if self.logit_score is not None
                 else {}
             ),
             **(
@@ -691,12 +726,7 @@ def _cross_encoder(
     architecture = _classifier(model_config)
     causal = [str(name) for name in model_config.get("architectures") or []]
     if architecture is None and any(name.endswith("ForCausalLM") for name in causal):
-        raise ModelConfigError(
-            f"a CrossEncoder on a causal language model ({causal[0]}: Qwen3-Reranker's form, "
-            "its score the last token's yes logit less its no logit, sentence-transformers' "
-            "LogitScore) is not served; serve its *ForSequenceClassification conversion (one "
-            "label, the score row those two logits' difference), as TEI and vLLM serve it"
-        )
+        return _causal_cross_encoder(folder, modules, st_config, model_config, common, causal[0])
     if architecture is None:
         raise ModelConfigError(
             "config_sentence_transformers.json says CrossEncoder, but config.json's "
@@ -722,6 +752,101 @@ def _cross_encoder(
         st_config.get("activation_fn"),
         max_seq_length,
         lowercase,
+    )
+
+
+_TEXT_GENERATION = {
+    "transformer_task": "text-generation",
+    "module_output_name": "causal_logits",
+}
+
+
+def _causal_cross_encoder(
+    folder: Path,
+    modules: list[dict[str, Any]] | None,
+    st_config: Mapping[str, Any],
+    model_config: Mapping[str, Any],
+    common: dict[str, Any],
+    architecture: str,
+) -> FolderSettings:
+    """Qwen3-Reranker's own form as sentence-transformers 6 saves it: a Transformer of
+    transformer_task text-generation on a *ForCausalLM, then LogitScore; each pair rendered by
+    the tokenizer's chat template (query and document messages)."""
+    kinds = [KIND_OF_TYPE.get(str(module.get("type", ""))) for module in modules or ()]
+    if kinds != ["Transformer", "LogitScore"]:
+        listed = [str(module.get("type")) for module in modules or ()]
+        raise ModelConfigError(
+            f"a CrossEncoder on a causal language model ({architecture}) whose modules.json "
+            f"lists {listed or 'nothing'}: this server scores such a model with a Transformer, "
+            "then LogitScore (Qwen3-Reranker's form) only"
+        )
+    assert modules is not None
+    path = str(modules[0].get("path") or "")
+    if path not in ("", "."):
+        raise ModelConfigError(
+            f"modules.json puts the Transformer in {path!r}: this server loads the model from "
+            "the folder's root only"
+        )
+    transformer = _read_json(folder / "sentence_bert_config.json")
+    transformer = transformer if isinstance(transformer, dict) else {}
+    changing = sorted(
+        key for key, value in transformer.items() if key not in _TRANSFORMER_KEYS and value
+    )
+    found = {key: transformer.get(key) for key in _TEXT_GENERATION}
+    if changing or found != _TEXT_GENERATION:
+        raise ModelConfigError(
+            "sentence_bert_config.json: a causal-LM CrossEncoder's Transformer with "
+            f"{json.dumps(found)}{', and ' + ', '.join(changing) if changing else ''}: this "
+            f"server scores with {json.dumps(_TEXT_GENERATION)} and the tokenizer's own chat "
+            "template only"
+        )
+    score_path = str(modules[1].get("path") or "1_LogitScore")
+    relative = f"{score_path}/config.json"
+    score = _required_json(folder / relative, relative)
+    true_id, false_id = score.get("true_token_id"), score.get("false_token_id")
+    if (
+        not isinstance(true_id, int)
+        or not (false_id is None or isinstance(false_id, int))
+        or score.get("module_input_name", "causal_logits") != "causal_logits"
+    ):
+        raise ModelConfigError(
+            f"{relative}: true_token_id {true_id!r}, false_token_id {false_id!r} and "
+            f"module_input_name {score.get('module_input_name')!r}: this server scores with "
+            "token ids of the causal logits"
+        )
+    tokenizer_files = ("chat_template.jinja", "chat_template.json")
+    tokenizer_config = _read_json(folder / "tokenizer_config.json")
+    if not any((folder / name).is_file() for name in tokenizer_files) and not (
+        isinstance(tokenizer_config, dict) and tokenizer_config.get("chat_template")
+    ):
+        raise ModelConfigError(
+            "a causal-LM CrossEncoder without a chat template (chat_template.jinja or "
+            "tokenizer_config.json's chat_template): sentence-transformers renders each "
+            "(query, document) pair with it, and nothing else says how"
+        )
+    length = transformer.get("max_seq_length")
+    activation = st_config.get("activation_fn")
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ModelConfigError(
+            f"config_sentence_transformers.json: activation_fn {activation!r} is not one this "
+            f"server applies ({', '.join(sorted(ACTIVATIONS))})"
+        )
+    kind = "its last token's logit of token " + (
+        f"{true_id} less that of {false_id}" if false_id is not None else f"{true_id}"
+    )
+    return FolderSettings(
+        **{
+            **common,
+            "task": RERANK,
+            "task_source": (
+                f"config_sentence_transformers.json: a CrossEncoder on {architecture} "
+                f"(LogitScore: {kind}), a re-ranker"
+            ),
+        },
+        activation=activation,
+        labels=("LABEL_0",),
+        max_seq_length=length if isinstance(length, int) else None,
+        logit_score=LogitScore(true_id, false_id),
     )
 
 
@@ -811,6 +936,7 @@ def resolve(
         labels=found.labels,
         multi=found.multi if task == EMBED else None,
         splade=found.splade,
+        logit_score=found.logit_score,
     )
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from .errors import InputTooLong
+from .errors import InputTooLong, NotAPair
 from .metrics import Metrics
 from .openai_ids import OpenAITokenIds
 from .schemas import EmbedRequest
@@ -46,6 +46,20 @@ def _leading_ones(mask: Sequence[int]) -> int:
     return count
 
 
+class ChatPairs:
+    """How a causal-LM re-ranker's pairs become conversations for its chat template."""
+
+    def __init__(self, system: str = "") -> None:
+        self.system = system
+        """The model's default prompt (its instruction), a system message first; "": none."""
+        self.suffix: list[int] | None = None
+        """The template's fixed tail in tokens, once found (Tokenization._chat_suffix)."""
+
+    def messages(self, query: str, document: str) -> list[dict[str, str]]:
+        pair = [{"role": "query", "content": query}, {"role": "document", "content": document}]
+        return [{"role": "system", "content": self.system}, *pair] if self.system else pair
+
+
 class Tokenization:
     """A served model's inputs to token ids, as the model's settings say: its default prompt,
     lowercasing, the input limit and truncation. Stateless but for a cache of prompt lengths:
@@ -69,6 +83,8 @@ class Tokenization:
         self.lowercase = lowercase
         """sentence_bert_config.json's do_lower_case: lowercase every text first."""
         self._prompt_lengths: dict[str, int] = {}
+        self.chat: ChatPairs | None = None
+        """A causal-LM re-ranker's: each pair rendered by the tokenizer's chat template."""
         # warmgate's BERT tokenizer is stateless; transformers' sets truncation and padding on
         # its Rust tokenizer at each call, which raises when two threads call at once.
         self._tokenizer_lock = None if isinstance(tokenizer, BertTokenizer) else threading.Lock()
@@ -154,6 +170,8 @@ class Tokenization:
         which cuts the longer text first (CrossEncoder's longest_first). Lowercased where the
         folder says so; no prompt (a cross-encoder has none)."""
         limit = self.max_input_length
+        if self.chat is not None:
+            return self._chat_pairs(first, second, truncate)
         if self.lowercase:
             first = [text.lower() for text in first]
             second = [None if text is None else text.lower() for text in second]
@@ -182,6 +200,63 @@ class Tokenization:
             type_from = types.index(1) if types and 1 in types else None
             ids.append(TokenIds(tokens, 0, type_from))
         return ids
+
+    def _chat_pairs(
+        self, first: Sequence[str], second: Sequence[str | None], truncate: bool
+    ) -> list[list[int]]:
+        """Each pair as sentence-transformers' CrossEncoder gives a causal-LM re-ranker its
+        input: a `query` and a `document` message (the model's default prompt a `system`
+        message before them), rendered and tokenized by the tokenizer's apply_chat_template.
+        Over the input limit: InputTooLong unless `truncate`, which keeps the first tokens and
+        writes the template's fixed tail back over the last ones (CrossEncoder's
+        restore_suffix: the score is read at the last token). NotAPair for a text alone."""
+        chat = self.chat
+        assert chat is not None
+        conversations = []
+        for index, (query, document) in enumerate(zip(first, second, strict=True)):
+            if document is None:
+                raise NotAPair(index)
+            conversations.append(chat.messages(query, document))
+        ids = self._render(conversations) if conversations else []
+        limit = self.max_input_length
+        result: list[list[int]] = []
+        for index, tokens in enumerate(ids):
+            if len(tokens) > limit:
+                if not truncate:
+                    raise InputTooLong(index, len(tokens), limit)
+                tokens = tokens[:limit]
+                suffix = self._chat_suffix()
+                keep = min(len(suffix), limit)
+                if keep:
+                    tokens[limit - keep :] = suffix[len(suffix) - keep :]
+            result.append(tokens)
+        return result
+
+    def _render(self, conversations: list[list[dict[str, str]]]) -> list[list[int]]:
+        """apply_chat_template's token ids of each conversation (no padding, no truncation),
+        under the tokenizer's lock (it calls the tokenizer)."""
+        assert self._tokenizer_lock is not None
+        with self._tokenizer_lock:
+            encoded = self.tokenizer.apply_chat_template(  # type: ignore[union-attr]
+                conversations, tokenize=True, return_dict=True
+            )
+        return [list(ids) for ids in encoded["input_ids"]]
+
+    def _chat_suffix(self) -> list[int]:
+        """The chat template's fixed tail in tokens, found as sentence-transformers finds it:
+        the pair rendered with two fillers ("0", "1 2 3 4"), the longest run of tokens the two
+        end with (none when they never differ)."""
+        chat = self.chat
+        assert chat is not None
+        if chat.suffix is None:
+            one, two = self._render([chat.messages("0", "0"), chat.messages("1 2 3 4", "1 2 3 4")])
+            count = 0
+            for left, right in zip(reversed(one), reversed(two), strict=False):
+                if left != right:
+                    break
+                count += 1
+            chat.suffix = one[len(one) - count :] if 0 < count < min(len(one), len(two)) else []
+        return chat.suffix
 
     def _prompt_length(self, prompt: str) -> int:
         """The prompt's tokens at the start of an input, as sentence-transformers counts them

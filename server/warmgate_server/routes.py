@@ -26,7 +26,15 @@ from .config import ServerConfig
 from .context import RUNTIME, Runtime
 from .draining import CLOSE_AFTER, close_connections
 from .engine import Engine, Result
-from .errors import InputTooLong, InvalidTokenIds, ModelFault, QueueFull, Refused, validation
+from .errors import (
+    InputTooLong,
+    InvalidTokenIds,
+    ModelFault,
+    NotAPair,
+    QueueFull,
+    Refused,
+    validation,
+)
 from .metrics import CONTENT_TYPE
 from .model_folder import CLASSIFY, EMBED, RERANK
 from .ranking import (
@@ -336,6 +344,8 @@ async def _answer(
         raise _failed_batch(fault) from None
     except InvalidTokenIds as exc:
         raise validation(str(exc), "invalid_token_ids", "input") from None
+    except NotAPair as exc:
+        raise validation(str(exc), "not_a_pair", "input") from None
     except InputTooLong as exc:
         raise validation(
             f"input {exc.index} has {exc.length} tokens, above the limit of {exc.limit}: "

@@ -668,6 +668,65 @@ def cross_encoder(
     return folder
 
 
+QWEN3_RERANKER_TEMPLATE = (
+    '{%- set instruction = messages | selectattr("role", "eq", "system") '
+    '| map(attribute="content") | first | default("Given a web search query, retrieve relevant '
+    'passages that answer the query") -%}\n'
+    '{%- set query = messages | selectattr("role", "eq", "query") | map(attribute="content") '
+    "| first -%}\n"
+    '{%- set document = messages | selectattr("role", "eq", "document") '
+    '| map(attribute="content") | first -%}\n'
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n<Instruct>: {{ instruction }}\n<Query>: {{ query }}\n"
+    "<Document>: {{ document }}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
+"""Qwen3-Reranker's prompt as its sentence-transformers folder's chat template renders a
+(query, document) pair: the instruction from a system message (the model's prompt), else its
+default."""
+
+
+def causal_reranker(root: Path, seed: int = 0, prompt: str | None = None) -> Path:
+    """A re-ranker in Qwen3-Reranker's own form, as sentence-transformers 6 loads and saves it: a
+    Qwen3ForCausalLM (tied embeddings, random weights) whose tokenizer has "yes" and "no" and
+    the chat template QWEN3_RERANKER_TEMPLATE, then LogitScore (the last token's "yes" logit
+    less its "no" logit) and a sigmoid. `prompt`: the instruction, as the folder's default
+    prompt (a system message before each pair). Made once under `root`."""
+    import torch
+    import transformers
+    from sentence_transformers import CrossEncoder
+
+    folder = root / f"causal-reranker-{seed}-{'prompt' if prompt else 'default'}"
+    if (folder / "config.json").is_file():
+        return folder
+    torch.manual_seed(seed)
+    family = FAMILIES["qwen3"]
+    tokenizer = family.tokenizer()
+    tokenizer.backend_tokenizer.post_processor = None  # the reranker's appends no token
+    tokenizer.add_tokens([word for word in ("yes", "no") if word not in tokenizer.get_vocab()])
+    tokenizer.chat_template = QWEN3_RERANKER_TEMPLATE
+    tokenizer.model_max_length = 512
+    config = family.config(tokenizer)
+    config.architectures = ["Qwen3ForCausalLM"]
+    config.vocab_size = len(tokenizer)
+    config.max_position_embeddings = 1024
+    config.tie_word_embeddings = True
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    scratch = root / f".{folder.name}-transformer"
+    model.save_pretrained(scratch)
+    tokenizer.save_pretrained(scratch)
+    prompts = {"instruction": prompt} if prompt else None
+    encoder = CrossEncoder(
+        str(scratch),
+        device="cpu",
+        prompts=prompts,
+        default_prompt_name="instruction" if prompt else None,
+    )
+    encoder.save(str(folder))
+    shutil.rmtree(scratch)
+    return folder
+
+
 def m3(root: Path, seed: int = 0) -> Path:
     """A bge-m3-shaped folder: the zoo's XLM-R of CLS pooling (bge-m3's family) saved in the
     hub's layout as BAAI/bge-m3's is, with FlagEmbedding's two heads beside the encoder:

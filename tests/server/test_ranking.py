@@ -283,16 +283,99 @@ def test_an_older_cross_encoder_s_activation_in_config_json_and_one_not_applied(
         _settings(older)
 
 
-def test_a_cross_encoder_on_a_causal_lm_is_refused_naming_its_conversion(tmp_path) -> None:
-    """Qwen3-Reranker's own form, a CrossEncoder whose model is a *ForCausalLM (the score
-    sentence-transformers' LogitScore takes from the yes and no logits), is refused at start
-    with what to serve instead, not served as something else."""
+CAUSAL_PROMPT = "Given a question about the weather, find the passages that answer it"
+
+
+@pytest.fixture(scope="module")
+def causal(tmp_path_factory) -> dict[str, Path]:
+    """Qwen3-Reranker's own form (zoo.causal_reranker): with the template's own instruction,
+    and with the folder's default prompt as the instruction."""
+    root = tmp_path_factory.mktemp("causal-rerankers")
+    return {
+        "template's instruction": zoo.causal_reranker(root, 0),
+        "folder's prompt": zoo.causal_reranker(root, 1, CAUSAL_PROMPT),
+    }
+
+
+def test_qwen3_reranker_s_own_causal_form_scores_as_cross_encoder_predict(causal) -> None:
+    """Qwen3-Reranker as its sentence-transformers folder has it: a Qwen3ForCausalLM, then
+    LogitScore (the last token's "yes" logit less its "no" logit), each (query, document)
+    rendered by the tokenizer's chat template, the folder's default prompt as the system
+    message. Served on the packed pass with the score as one row (the two LM-head rows'
+    difference), warm, its scores and raw logits CrossEncoder.predict's. A document over the
+    limit is refused, or with truncate cut as CrossEncoder cuts it: the first tokens kept and
+    the template's tail written back over the last ones, where the score is read."""
+    long_document = "Kubernetes readiness gates keep a pod out of the endpoints. " * 40
+    documents = [*DOCUMENTS, long_document]
+    pairs = [(QUERY, doc) for doc in documents]
+    for name, folder in causal.items():
+        expected = reference(folder, pairs)
+        logits = reference(folder, pairs, activation_fn=lambda x: x)
+        assert len({f"{score:.3f}" for score in expected}) == len(documents), (name, expected)
+        args = ["--model", str(folder), "--sequence-buckets", "128,256,512",
+                "--warmup-batch-sizes", "1,4"]  # fmt: skip
+        with ServerProcess(args) as server:
+            report = server.wait_ready(300)
+            assert report["phase"] == "ready", report
+            assert report["forward"]["pass"] == "packed", report["forward"]
+            settings = report["model_settings"]
+            assert settings["task"] == "rerank" and settings["max_input_length"] == 512
+            assert settings["logit_score"] == {"true_token_id": 600, "false_token_id": 601}
+            assert "LogitScore" in settings["chosen_by"]["task"], settings["chosen_by"]
+            with requests.Session() as session:
+                answer = session.post(
+                    server.url + "/rerank",
+                    json={"query": QUERY, "texts": documents, "truncate": True},
+                )
+                raw = session.post(
+                    server.url + "/rerank",
+                    json={"query": QUERY, "texts": documents[:3], "raw_scores": True},
+                )
+                refused = session.post(
+                    server.url + "/rerank", json={"query": QUERY, "texts": documents}
+                )
+                cohere = session.post(
+                    server.url + "/v1/rerank",
+                    json={"query": QUERY, "documents": documents[:5], "top_n": 2},
+                )
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["X-Warmgate-Cold"] == "0"
+        results = answer.json()
+        assert [r["index"] for r in results] == list(np.argsort(-expected)), (name, results)
+        for item in results:
+            assert item["score"] == close(float(expected[item["index"]])), (name, item)
+        assert raw.status_code == 200, raw.text
+        for item in raw.json():
+            assert item["score"] == close(float(logits[item["index"]])), (name, item)
+        assert refused.status_code == 422, refused.text
+        assert "input 5 has" in refused.json()["error"]
+        assert "above the limit of 512" in refused.json()["error"]
+        assert cohere.status_code == 200, cohere.text
+        top = list(np.argsort(-expected[:5]))[:2]
+        assert [r["index"] for r in cohere.json()["results"]] == top
+
+
+def test_a_causal_reranker_is_served_only_as_its_folder_says(tmp_path, causal) -> None:
+    """A CrossEncoder on a *ForCausalLM needs LogitScore after its Transformer and a chat
+    template; without either it is refused at start naming what is missing, never scored
+    some other way. transformers' padded pass is refused for it (it would compute every
+    token's logits over the vocabulary to read two)."""
+    from warmgate_server.config import parse_config
+    from warmgate_server.loading import ModelLoadError, load_model
     from warmgate_server.model_folder import ModelConfigError
 
-    folder = tmp_path / "causal"
-    shutil.copytree(zoo.cross_encoder("qwen3", tmp_path, 1, "sigmoid", seed=4), folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["architectures"] = ["Qwen3ForCausalLM"]
-    (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelConfigError, match=r"Qwen3ForCausalLM: Qwen3-Reranker's form.*"):
+    source = causal["template's instruction"]
+    folder = tmp_path / "no-logit-score"
+    shutil.copytree(source, folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    (folder / "modules.json").write_text(json.dumps(modules[:1]))
+    with pytest.raises(ModelConfigError, match=r"Qwen3ForCausalLM.*Transformer, then LogitScore"):
         _settings(folder)
+    folder = tmp_path / "no-template"
+    shutil.copytree(source, folder)
+    (folder / "chat_template.jinja").unlink()
+    with pytest.raises(ModelConfigError, match=r"without a chat template"):
+        _settings(folder)
+    argv = ["--model", str(source), "--device", "cpu", "--packing", "off"]
+    with pytest.raises(ModelLoadError, match=r"runs on the padding-free pass only.*--packing off"):
+        load_model(parse_config(argv, environ={}))

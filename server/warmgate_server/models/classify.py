@@ -29,10 +29,24 @@ class SequenceClassifier:
     """The classification head of a packed encoder's checkpoint (BERT family, or a decoder's
     on its last token)."""
 
-    def __init__(self, encoder: PackedBert | PackedDecoder, model_type: str | None) -> None:
+    def __init__(
+        self,
+        encoder: PackedBert | PackedDecoder,
+        model_type: str | None,
+        rows: torch.Tensor | None = None,
+    ) -> None:
+        """`rows`: a causal-LM re-ranker's score row (LogitScore's two LM-head rows'
+        difference, loading.py), on its prompt's last token, in place of a `score` head."""
         self.last: int | None = None
         """Not None: the logits are the last token's (a decoder's), skipping this pad id
         (-1: none)."""
+        if rows is not None:
+            if not isinstance(encoder, PackedDecoder):
+                raise ValueError("cannot run this model packed: LogitScore needs a decoder")
+            self.layers = ((rows.float(), None),)
+            self.last = -1  # the rendered prompt's own last token, whatever it is
+            self.labels = 1
+            return
         if isinstance(encoder, PackedDecoder):
             weight = encoder.task_head.get("score.weight")
             if set(encoder.task_head) != {"score.weight"} or weight is None:
