@@ -5,7 +5,7 @@ input limit, the module chain they name (head.py), and the limits requests are c
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import model_folder
 from .config import ServerConfig
@@ -83,7 +83,7 @@ def multi_head(
 
         try:
             config = json.loads((loaded.path / "config.json").read_text())
-            head = read_head(loaded.path, config, loaded.device)
+            head = read_head(loaded.path, config, loaded.device, _word_embeddings(loaded))
         except (OSError, ValueError) as error:  # ModelConfigError is a ValueError
             raise ModelLoadError(str(error)) from None
         return SpladeHead(head, settings.splade, loaded.device)
@@ -97,6 +97,15 @@ def multi_head(
         )
     except model_folder.ModelConfigError as error:
         raise ModelLoadError(str(error)) from None
+
+
+def _word_embeddings(loaded: LoadedModel) -> Any:
+    """The encoder's word embeddings as loaded (the packed pass's, or transformers' model's
+    input embeddings), or None."""
+    word = getattr(loaded.packed, "word", None)
+    if word is None and loaded.model is not None:
+        word = loaded.model.get_input_embeddings().weight.detach()
+    return word
 
 
 def request_limits(

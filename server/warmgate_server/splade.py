@@ -86,9 +86,17 @@ class MlmHead:
         return F.linear(x, self.decoder, self.bias)
 
 
-def read_head(folder: Path, config: Mapping[str, Any], device: torch.device) -> MlmHead:
+def read_head(
+    folder: Path,
+    config: Mapping[str, Any],
+    device: torch.device,
+    embeddings: torch.Tensor | None = None,
+) -> MlmHead:
     """The MLM head of the checkpoint in `folder` (config.json is `config`), or
-    ModelConfigError naming what is missing."""
+    ModelConfigError naming what is missing. `embeddings`: the encoder's word embeddings as
+    loaded; where config.json ties the decoder to them (transformers' *ForMaskedLM then reads
+    them, whatever decoder weight the checkpoint also holds) and they are float32 on `device`,
+    the decoder is that tensor, not a second copy of it (BERT's vocabulary: 94 MB)."""
     model_type = config.get("model_type")
     names = HEADS.get(str(model_type))
     if names is None:
@@ -101,7 +109,18 @@ def read_head(folder: Path, config: Mapping[str, Any], device: torch.device) -> 
         return tuple(f"{name}.{kind}" for kind in ("weight", "bias", "gamma", "beta"))
 
     word = f"{names.prefix}embeddings.word_embeddings.weight"
-    wanted = {*both(names.dense), *both(names.norm), f"{names.decoder}.weight", *names.biases, word}
+    tied = config.get("tie_word_embeddings", True) is not False
+    shared = (
+        embeddings
+        if tied
+        and embeddings is not None
+        and embeddings.dtype == torch.float32
+        and embeddings.device == device
+        else None
+    )
+    wanted = {*both(names.dense), *both(names.norm), *names.biases}
+    if shared is None:
+        wanted |= {f"{names.decoder}.weight", word}
     try:
         state = checkpoint.load_some(folder, wanted)
     except checkpoint.NoCheckpoint as exc:
@@ -117,8 +136,8 @@ def read_head(folder: Path, config: Mapping[str, Any], device: torch.device) -> 
             )
         return weight.float().to(device), bias.float().to(device)
 
-    decoder = state.get(f"{names.decoder}.weight")
-    if decoder is None and config.get("tie_word_embeddings", True) is not False:
+    decoder = shared if shared is not None else state.get(f"{names.decoder}.weight")
+    if decoder is None and tied:
         decoder = state.get(word)
     bias = next((state[name] for name in names.biases if name in state), None)
     if decoder is None or bias is None:

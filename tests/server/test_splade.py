@@ -173,3 +173,32 @@ def test_a_splade_pooling_this_server_does_not_compute_is_refused_at_start(
         log = server.log()
     assert code != 0, log
     assert said in log, log
+
+
+def test_the_mlm_decoder_is_the_encoder_s_word_embeddings_where_config_ties_them(
+    root: Path, tmp_path: Path
+) -> None:
+    """A tied decoder is the encoder's own word-embedding tensor, not a second copy read from
+    the checkpoint (94 MB for BERT's vocabulary); where config.json unties them, the
+    checkpoint's own decoder, whatever the embeddings hold."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from warmgate_server.splade import read_head
+
+    folder = zoo.splade("bert-mean", root)
+    config = json.loads((folder / "config.json").read_text())
+    state = load_file(str(folder / "model.safetensors"))
+    embeddings = state["bert.embeddings.word_embeddings.weight"].clone()
+    cpu = torch.device("cpu")
+    head = read_head(folder, config, cpu, embeddings)
+    assert head.decoder is embeddings
+    assert torch.equal(read_head(folder, config, cpu).decoder, embeddings)  # the same values
+
+    untied = tmp_path / "untied"
+    shutil.copytree(folder, untied)
+    own = torch.randn_like(embeddings)
+    save_file({**state, "cls.predictions.decoder.weight": own}, str(untied / "model.safetensors"))
+    config["tie_word_embeddings"] = False
+    (untied / "config.json").write_text(json.dumps(config))
+    assert torch.equal(read_head(untied, config, cpu, embeddings).decoder, own)
