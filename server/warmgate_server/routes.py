@@ -49,8 +49,8 @@ from .ranking import (
 from .schemas import (
     EmbedRequest,
     Limits,
-    dumps,
     exact_floats,
+    json_pieces,
     needs,
     openai_response,
     parse_flag,
@@ -375,7 +375,7 @@ async def _embed(request: web.Request, api: Api, parse: Parse, render: Render) -
         parsed = parse(body, engine.limits)
         result = await _answer(runtime, engine, parsed, warmup, api)
         headers[COLD_HEADER] = "1" if result.cold else "0"
-        encoded = dumps(render(runtime, parsed, result))
+        pieces = await json_pieces(render(runtime, parsed, result))
         seconds = time.perf_counter() - started
         if not warmup:
             runtime.metrics.embedding_duration.labels(
@@ -384,7 +384,9 @@ async def _embed(request: web.Request, api: Api, parse: Parse, render: Render) -
         # The server's own share of the client's latency (the rest is network and proxies),
         # and where it went.
         headers["Server-Timing"] = result.timing.server_timing(seconds)
-        return web.Response(body=encoded, content_type="application/json", headers=headers)
+        if len(pieces) == 1:
+            return web.Response(body=pieces[0], content_type="application/json", headers=headers)
+        return await _send_pieces(request, pieces, headers)
     except Refused as err:
         return api.error(err, headers)
     except Exception as exc:
@@ -393,6 +395,21 @@ async def _embed(request: web.Request, api: Api, parse: Parse, render: Render) -
         return api.error(err, headers)
     finally:
         runtime.release()
+
+
+async def _send_pieces(
+    request: web.Request, pieces: list[bytes], headers: dict[str, str]
+) -> web.StreamResponse:
+    """A large answer (schemas.json_pieces) sent piece by piece with its whole length as
+    Content-Length, never joined into one buffer first."""
+    response = web.StreamResponse(headers=headers)
+    response.content_type = "application/json"
+    response.content_length = sum(len(piece) for piece in pieces)
+    await response.prepare(request)
+    for piece in pieces:
+        await response.write(piece)
+    await response.write_eof()
+    return response
 
 
 def _render_openai(runtime: Runtime, parsed: EmbedRequest, result: Result) -> object:

@@ -448,3 +448,86 @@ def dumps(body: object) -> bytes:
     if orjson is not None:
         return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     return json.dumps(body, default=_plain).encode()
+
+
+YIELD_FLOATS = 1 << 18
+"""A body holding more numbers than this (1 MiB of float32) is written a piece at a time,
+the event loop given a turn between pieces (`json_pieces`)."""
+
+
+YIELD_EVERY = 1 << 15
+"""Numbers written between two turns of the loop (about 1 ms of orjson here): a larger array
+is written in blocks of its rows."""
+PIECE_BYTES = 1 << 20
+"""The pieces of a large answer, sent as they come (`json_pieces`): about this size each."""
+
+
+async def json_pieces(body: object) -> list[bytes]:
+    """`dumps(body)` as pieces whose concatenation is the same bytes, written without holding
+    the event loop for all of it. orjson holds the GIL for a whole call (32 inputs of bge-m3's
+    ColBERT vectors at 128 tokens, 44 MiB of JSON: 140 ms of one Ice Lake core, every other
+    request, health check and tokenizer thread stalled for it). A body of more than
+    YIELD_FLOATS numbers is written array by array, a large array in blocks of its rows
+    (orjson's compact output, joined as orjson joins it), the loop given a turn after each
+    block (a request beside it needs several turns). The pieces are about PIECE_BYTES each
+    and are sent as they are (Content-Length their sum): joining them first copied 44 MiB in
+    one go (24 ms), and a growing buffer copied itself as it grew. A smaller body is one
+    piece, one call. bench/server/json_stall.py measures both."""
+    if orjson is None or _numbers(body) <= YIELD_FLOATS:
+        return [dumps(body)]
+    import asyncio
+
+    pieces: list[bytes] = []
+    piece = bytearray()
+
+    def add(data: bytes) -> None:
+        nonlocal piece
+        piece += data
+        if len(piece) >= PIECE_BYTES:
+            pieces.append(bytes(piece))
+            piece = bytearray()
+
+    async def write(value: object) -> None:
+        if isinstance(value, dict):
+            add(b"{")
+            for index, (key, item) in enumerate(value.items()):
+                add((b"," if index else b"") + orjson.dumps(key) + b":")
+                await write(item)
+            add(b"}")
+        elif isinstance(value, list | tuple):
+            add(b"[")
+            for index, item in enumerate(value):
+                if index:
+                    add(b",")
+                await write(item)
+            add(b"]")
+        elif isinstance(value, np.ndarray) and value.ndim > 1 and value.size > YIELD_EVERY:
+            # Blocks of rows: orjson's "[[..],[..]]" of each, its outer brackets dropped.
+            rows = max(1, YIELD_EVERY // (value.size // len(value)))
+            add(b"[")
+            for start in range(0, len(value), rows):
+                add((b"," if start else b"") + dumps(value[start : start + rows])[1:-1])
+                await asyncio.sleep(0)
+            add(b"]")
+        else:
+            add(dumps(value))
+            if isinstance(value, np.ndarray) and value.size > 1024:
+                await asyncio.sleep(0)
+
+    await write(body)
+    if piece:
+        pieces.append(bytes(piece))
+    return pieces
+
+
+def _numbers(value: object) -> int:
+    """How many numbers the arrays in `value` (dicts and lists of them) hold."""
+    if isinstance(value, np.ndarray):
+        return value.size
+    if isinstance(value, dict):
+        return sum(_numbers(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        if value and not isinstance(value[0], np.ndarray | dict | list | tuple):
+            return 0  # a list of plain values: not worth walking
+        return sum(_numbers(item) for item in value)
+    return 0

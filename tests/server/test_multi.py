@@ -9,6 +9,7 @@ references computed here by FlagEmbedding itself."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -206,3 +207,35 @@ def test_a_head_that_does_not_fit_the_encoder_fails_the_load_naming_it(
         said = server.log()
     assert code != 0, said
     assert "sparse_linear.pt: weight (1, 32) and bias (1,) do not take the encoder's" in said
+
+
+async def test_a_large_answer_is_sent_in_pieces_with_its_whole_length(
+    aiohttp_client, folder: Path, expected: dict, monkeypatch
+) -> None:
+    """An answer of more numbers than schemas.YIELD_FLOATS (tens of MiB of ColBERT vectors for
+    a real batch; lowered here to fit this tiny model's) is written in pieces and sent as they
+    come, with Content-Length their sum and no chunked framing: the client reads the same
+    JSON as the one-piece answer."""
+    from support.models import serve as serve_in_process
+
+    from warmgate_server import schemas
+
+    client, report = await serve_in_process(aiohttp_client, folder)
+    assert report["phase"] == "ready", report
+    body = {"inputs": TEXTS, "truncate": True, "return_sparse": True, "return_colbert_vecs": True}
+    whole = await client.post("/embed_multi", json=body)
+    assert whole.status == 200, await whole.text()
+    one_piece = await whole.read()
+    monkeypatch.setattr(schemas, "YIELD_FLOATS", 16)
+    monkeypatch.setattr(schemas, "YIELD_EVERY", 64)
+    monkeypatch.setattr(schemas, "PIECE_BYTES", 1024)
+    streamed = await client.post("/embed_multi", json=body)
+    assert streamed.status == 200, await streamed.text()
+    assert streamed.headers.get("Transfer-Encoding") is None
+    assert int(streamed.headers["Content-Length"]) == len(one_piece) > 4 * 1024
+    assert streamed.headers["Content-Type"].startswith("application/json")
+    assert streamed.headers["X-Warmgate-Cold"] == "0"
+    found = await streamed.json()
+    assert found == json.loads(one_piece)
+    for got, want in zip(found["colbert_vecs"], expected["colbert"], strict=True):
+        assert cosines(np.asarray(got), want).min() > 0.99999
