@@ -130,6 +130,31 @@ def test_a_qwen3_sequence_classifier_ranks_as_cross_encoder_predict(tmp_path, fo
     assert lone.json()[0]["score"] == close(float(expected[1]))
 
 
+def test_a_modernbert_cross_encoder_ranks_as_cross_encoder_predict(tmp_path) -> None:
+    """A ModernBERT re-ranker (gte-reranker-modernbert's family: its own tokenizer, a
+    `ModernBertForSequenceClassification` head over its pooled states) runs transformers'
+    padded pass (the packed one has no ModernBERT layers and says so), warm, with
+    CrossEncoder.predict's scores."""
+    folder = zoo.cross_encoder("modernbert", tmp_path, 1, "sigmoid", seed=3)
+    expected = reference(folder, [(QUERY, doc) for doc in DOCUMENTS])
+    assert len({f"{score:.4f}" for score in expected}) == len(DOCUMENTS), expected
+    args = ["--model", str(folder), "--sequence-buckets", "32,64", "--warmup-batch-sizes", "1,4"]
+    with ServerProcess(args) as server:
+        report = server.wait_ready(300)
+        assert report["phase"] == "ready", report
+        assert report["forward"]["pass"] == "padded", report["forward"]
+        assert report["model_settings"]["task"] == "rerank"
+        answer = requests.post(
+            server.url + "/rerank", json={"query": QUERY, "texts": DOCUMENTS, "truncate": True}
+        )
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["X-Warmgate-Cold"] == "0"
+    results = answer.json()
+    assert [r["index"] for r in results] == list(np.argsort(-expected)), results
+    for item in results:
+        assert item["score"] == close(float(expected[item["index"]]))
+
+
 def test_raw_scores_are_the_logits_before_the_folder_s_activation(models, bert) -> None:
     pairs = [(QUERY, doc) for doc in DOCUMENTS[:3]]
     logits = reference(models["bert-sigmoid"], pairs, activation_fn=lambda x: x)
