@@ -1,7 +1,9 @@
 """`make bench-rerank`: a re-ranker on warmgate's padding-free pass against transformers' padded
 one (issue 43: the packed pass for cross-encoders, measured before and after), and against
-Infinity's /rerank (its torch engine, `make bench-server-infinity`; `--skip-infinity` leaves it
-out).
+Infinity's /rerank: its torch engine (`infinity`, `make bench-server-infinity`) and its ONNX
+Runtime engine (`infinity-onnx`, `--engine optimum` on the folder's text-classification export
+and Infinity's own optimisation of it, `make bench-server-infinity-onnx`);
+`--infinity-engines` picks them, `--skip-infinity` leaves both out.
 
 Two re-rankers of the sizes people deploy, built here from local weights (no hub): one of
 cross-encoder/ms-marco-MiniLM-L6-v2's architecture (a BertForSequenceClassification on
@@ -16,7 +18,7 @@ it), the servers taking turns round by round, N = 32 and 100, c = 1 and 8 (c req
 each its own documents; pairs/s is all their pairs over the round's time).
 
     .venv/bin/python bench/server/bench_rerank.py [--rounds 10] [--models minilm,xlmr-base]
-        [--concurrency 1,8] [--skip-infinity]
+        [--concurrency 1,8] [--infinity-engines torch,onnx] [--skip-infinity]
 
 Writes bench/results/bench_rerank.json and prints a markdown table.
 """
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from bench_server import REPO, machine, start_infinity, write_results
+from bench_server import REPO, machine, start_infinity, start_infinity_onnx, write_results
 
 from warmgate_testkit import zoo
 from warmgate_testkit.process import ServerProcess, minilm_path
@@ -84,7 +86,7 @@ async def _one(session: aiohttp.ClientSession, name: str, url: str, count: int, 
     """ms for one rerank of `count` documents (warmgate's TEI /rerank, or Infinity's)."""
     texts = documents(count, seed)
     query = "서울의 날씨는 어떤가요?"
-    if name == "infinity":
+    if name.startswith("infinity"):
         route, body = "/rerank", {"query": query, "documents": texts, "model": "reranker"}
     else:
         route, body = "/rerank", {"query": query, "texts": texts}
@@ -92,7 +94,7 @@ async def _one(session: aiohttp.ClientSession, name: str, url: str, count: int, 
     async with session.post(url + route, json=body) as answer:
         text = await answer.read()
         assert answer.status == 200, (name, text[:300])
-        if name != "infinity":
+        if not name.startswith("infinity"):
             assert answer.headers["X-Warmgate-Cold"] == "0", name
     return (time.perf_counter() - started) * 1000.0
 
@@ -136,6 +138,15 @@ def main() -> None:
     parser.add_argument("--counts", default="32,100")
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--skip-infinity", action="store_true")
+    parser.add_argument("--infinity-engines", default="torch,onnx")
+    parser.add_argument("--onnx-dir", type=Path, default=None)
+    parser.add_argument(
+        "--infinity-onnx-flags",
+        default="",
+        help="more flags for Infinity's ONNX engine, e.g. --no-model-warmup: its warmup "
+        "crashes on an XLM-R re-ranker (0.0.78 pads to max_position_embeddings, 514, two "
+        "more tokens than XLM-R's positions hold)",
+    )
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     counts = [int(count) for count in args.counts.split(",")]
@@ -149,12 +160,24 @@ def main() -> None:
                 running = stack.enter_context(server(folder, packing))
                 assert running.wait_ready(1800)["forward"]["pass"] == kind
                 urls[kind] = running.url
-            if not args.skip_infinity:
-                process, url, found = start_infinity(args, str(folder), "reranker", 1800)
-                results[f"{name}_infinity"] = found
+            engines = [] if args.skip_infinity else args.infinity_engines.split(",")
+            for engine in engines:
+                peer = "infinity" if engine == "torch" else f"infinity-{engine}"
+                if engine == "torch":
+                    process, url, found = start_infinity(args, str(folder), "reranker", 1800)
+                else:
+                    process, url, found = start_infinity_onnx(
+                        args,
+                        str(folder),
+                        "reranker",
+                        1800,
+                        tuple(args.infinity_onnx_flags.split()),
+                        task="text-classification",
+                    )
+                results[f"{name}_{peer}"] = found
                 if process is not None:
                     stack.callback(_stop, process)
-                    urls["infinity"] = url
+                    urls[peer] = url
             results[name] = asyncio.run(measure(urls, counts, levels, args.rounds))
     rows = [{"model": name, **row} for name in args.models.split(",") for row in results[name]]
     columns = ("model", "c", "documents", "server", "p50_ms", "pairs_per_s", "p50_vs_padded")

@@ -270,11 +270,12 @@ def start_infinity_onnx(
     served_name: str = "minilm",
     timeout_s: float = 600,
     extra: tuple[str, ...] = (),
+    task: str = "feature-extraction",
 ) -> tuple[Any, str, dict[str, Any]]:
     """Infinity's ONNX Runtime engine (`--engine optimum --device cpu --pooling-method mean`,
     onnx_export.infinity_command, with `extra` flags) from its own venv, offline, on the model
     folder's ONNX export (made or refreshed by onnx_export.export first: idempotent, a no-op
-    when up to date)."""
+    when up to date; `task`: onnx_export.TASKS, a re-ranker's text-classification)."""
     venv = INFINITY_ONNX_VENV.expanduser()
     binary = venv / "bin" / "infinity_emb"
     if not binary.exists():
@@ -283,12 +284,12 @@ def start_infinity_onnx(
                  "'infinity-emb[server,optimum]==0.0.78' and the Makefile's pins)")  # fmt: skip
         return None, "", {"error": error}
     source = Path(model).expanduser().resolve()
-    out = args.onnx_dir
+    out = getattr(args, "onnx_dir", None)
     if out is None:  # the PyPI package's folder is called `model`: name it by its package
         out = onnx_export.OUT_ROOT / (source.parent.name if source.name == "model" else source.name)
     started = time.monotonic()
     try:
-        folder = onnx_export.export(source, out, venv=venv, log=print)
+        folder = onnx_export.export(source, out, venv=venv, log=print, task=task)
     except (OSError, RuntimeError, ValueError) as error:
         return None, "", {"error": f"ONNX export of {source} failed: {error}"}
     export_seconds = round(time.monotonic() - started, 1)

@@ -55,15 +55,22 @@ INFINITY_FILE = "model_optimized.onnx"
 VERSIONED = ("infinity_emb", "optimum", "optimum_onnx", "onnxruntime", "onnx", "torch",
              "transformers")  # fmt: skip
 CHECK_TEXT = "The first request of a cold process pays for lazy initialisation."
+TASKS = {
+    "feature-extraction": "ORTModelForFeatureExtraction",
+    "text-classification": "ORTModelForSequenceClassification",
+}
+"""optimum-cli's export task, and the optimum class Infinity loads it with: an embedding
+model's, or a cross-encoder's (Infinity's OptimumCrossEncoder, its /rerank)."""
 # Infinity 0.0.78's OptimizationConfig for a CPU provider (utils_optimum.optimize_model), with
 # optimum-onnx's name for its `optimize_with_onnxruntime_only=False`.
 _OPTIMIZE = """
 import sys
-from optimum.onnxruntime import ORTModelForFeatureExtraction, ORTOptimizer
+import optimum.onnxruntime
+from optimum.onnxruntime import ORTOptimizer
 from optimum.onnxruntime.configuration import OptimizationConfig
 
-exported, save_dir = sys.argv[1:3]
-model = ORTModelForFeatureExtraction.from_pretrained(exported, file_name="model.onnx")
+exported, save_dir, model_class = sys.argv[1:4]
+model = getattr(optimum.onnxruntime, model_class).from_pretrained(exported, file_name="model.onnx")
 config = OptimizationConfig(
     optimization_level=99, enable_transformers_specific_optimizations=True,
     optimize_for_gpu=False, fp16=False,
@@ -79,11 +86,13 @@ def offline_env() -> dict[str, str]:
             "INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1"}  # fmt: skip
 
 
-def export_command(source: Path, out: Path, venv: Path = ONNX_VENV) -> list[str]:
-    """The issue's export. optimum-cli takes the model as `--model` (required since optimum
-    1.x and in optimum-onnx), not as a positional argument."""
+def export_command(
+    source: Path, out: Path, venv: Path = ONNX_VENV, task: str = "feature-extraction"
+) -> list[str]:
+    """The issue's export (`task`: TASKS). optimum-cli takes the model as `--model` (required
+    since optimum 1.x and in optimum-onnx), not as a positional argument."""
     return [str(venv.expanduser() / "bin" / "optimum-cli"), "export", "onnx",
-            "--task", "feature-extraction", "--library-name", "transformers",
+            "--task", task, "--library-name", "transformers",
             "--model", str(source), str(out)]  # fmt: skip
 
 
@@ -130,14 +139,18 @@ def export(
     infinity_file: str = "optimized",
     force: bool = False,
     log: Callable[[str], None] = print,
+    task: str = "feature-extraction",
 ) -> Path:
     """OUT: a copy of SOURCE with `model.onnx` and Infinity's `model_optimized.onnx` (see the
-    module's doc); does nothing when OUT already holds them for the same source files."""
+    module's doc); does nothing when OUT already holds them for the same source files.
+    `task`: TASKS (a cross-encoder's is text-classification)."""
     if infinity_file not in ("optimized", "plain"):
         raise ValueError(f"infinity_file must be optimized or plain, not {infinity_file!r}")
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, not {task!r}")
     source = source.expanduser().resolve()
     out = (out or OUT_ROOT / source.name).expanduser().resolve()
-    cli = Path(export_command(source, out, venv)[0])
+    cli = Path(export_command(source, out, venv, task)[0])
     if not cli.exists():
         raise FileNotFoundError(f"{cli} not found: run `make bench-server-infinity-onnx`")
     if not (source / "config.json").is_file():
@@ -145,7 +158,7 @@ def export(
     wanted = {
         "source": str(source),
         "files": fingerprint(source),
-        "command": " ".join(export_command(source, Path("<out>"), venv)),
+        "command": " ".join(export_command(source, Path("<out>"), venv, task)),
         "infinity_file": infinity_file,
         "versions": venv_versions(venv),
     }
@@ -162,7 +175,7 @@ def export(
     try:
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.work-") as work:
             exported = Path(work) / "export"
-            command = export_command(source, exported, venv)
+            command = export_command(source, exported, venv, task)
             log("$ HF_HUB_OFFLINE=1 " + " ".join(command))
             started = time.monotonic()
             _run(command)
@@ -170,7 +183,7 @@ def export(
             if infinity_file == "optimized":
                 optimized = Path(work) / "optimized"
                 command = [str(venv.expanduser() / "bin" / "python"), "-c", _OPTIMIZE,
-                           str(exported), str(optimized)]  # fmt: skip
+                           str(exported), str(optimized), TASKS[task]]  # fmt: skip
                 log("$ ORTOptimizer, Infinity's settings (optimization_level=99, CPU, fp32)")
                 started = time.monotonic()
                 _run(command)
