@@ -284,7 +284,7 @@ def start_infinity_onnx(
                  "'infinity-emb[server,optimum]==0.0.78' and the Makefile's pins)")  # fmt: skip
         return None, "", {"error": error}
     source = Path(model).expanduser().resolve()
-    out = getattr(args, "onnx_dir", None)
+    out = args.onnx_dir
     if out is None:  # the PyPI package's folder is called `model`: name it by its package
         out = onnx_export.OUT_ROOT / (source.parent.name if source.name == "model" else source.name)
     started = time.monotonic()

@@ -416,22 +416,29 @@ def _module_list(folder: Path) -> list[dict[str, Any]] | None:
 
 
 _CLASSIFY_MODALITY = {"text": {"method": "forward", "method_output_name": "logits"}}
+_TEXT_GENERATION = {"transformer_task": "text-generation", "module_output_name": "causal_logits"}
 
 
 def _transformer_settings(
-    folder: Path, path: str, classifier: bool = False, fill_mask: bool = False
+    folder: Path,
+    path: str,
+    classifier: bool = False,
+    fill_mask: bool = False,
+    text_generation: bool = False,
 ) -> tuple[bool, int | None]:
     """(lowercase, max_seq_length) from the Transformer module's sentence_bert_config.json;
     `classifier`: a CrossEncoder's (sequence classification, its logits as scores);
-    `fill_mask`: a SparseEncoder's (its MLM head's logits, splade.py)."""
+    `fill_mask`: a SparseEncoder's (its MLM head's logits, splade.py); `text_generation`: a
+    causal-LM CrossEncoder's (its causal logits, LogitScore's input)."""
     if path not in ("", "."):
         raise ModelConfigError(
             f"modules.json puts the Transformer in {path!r}: this server loads the model from "
             "the folder's root only"
         )
     config = _read_json(folder / "sentence_bert_config.json")
-    if config is None:
+    if config is None and not text_generation:
         return False, None
+    config = {} if config is None else config
     if not isinstance(config, dict):
         raise ModelConfigError("sentence_bert_config.json is not a JSON object")
     changing = sorted(
@@ -442,6 +449,16 @@ def _transformer_settings(
             f"sentence_bert_config.json sets {', '.join(changing)}, which changes how the model "
             "or its tokenizer loads: this server does not apply it"
         )
+    if text_generation:
+        found = {key: config.get(key) for key in _TEXT_GENERATION}
+        if found != _TEXT_GENERATION:
+            raise ModelConfigError(
+                f"sentence_bert_config.json: a causal-LM CrossEncoder's Transformer with "
+                f"{json.dumps(found)}: this server scores with {json.dumps(_TEXT_GENERATION)} "
+                "and the tokenizer's own chat template only"
+            )
+        length = config.get("max_seq_length")
+        return bool(config.get("do_lower_case")), length if isinstance(length, int) else None
     if classifier:
         expected = (_CLASSIFY_MODALITY, "scores", "sequence-classification")
         found = (
@@ -685,6 +702,16 @@ def _labels(config: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(f"LABEL_{index}" for index in range(count if isinstance(count, int) else 2))
 
 
+def _checked_activation(activation: Any, source: str) -> str | None:
+    """A cross-encoder's activation_fn as `source` names it, if this server applies it."""
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ModelConfigError(
+            f"{source}: activation_fn {activation!r} is not one this server applies "
+            f"({', '.join(sorted(ACTIVATIONS))})"
+        )
+    return activation
+
+
 def _classifier_settings(
     model_config: Mapping[str, Any],
     architecture: str,
@@ -698,11 +725,7 @@ def _classifier_settings(
     if activation is None:  # an older CrossEncoder's, in config.json
         legacy = model_config.get("sentence_transformers")
         activation = legacy.get("activation_fn") if isinstance(legacy, dict) else None
-    if activation is not None and activation not in ACTIVATIONS:
-        raise ModelConfigError(
-            f"{source}: activation_fn {activation!r} is not one this server applies "
-            f"({', '.join(sorted(ACTIVATIONS))})"
-        )
+    activation = _checked_activation(activation, source)
     task = RERANK if len(labels) == 1 else CLASSIFY
     kind = "one label: a re-ranker" if task == RERANK else f"{len(labels)} labels: a classifier"
     return FolderSettings(
@@ -726,7 +749,7 @@ def _cross_encoder(
     architecture = _classifier(model_config)
     causal = [str(name) for name in model_config.get("architectures") or []]
     if architecture is None and any(name.endswith("ForCausalLM") for name in causal):
-        return _causal_cross_encoder(folder, modules, st_config, model_config, common, causal[0])
+        return _causal_cross_encoder(folder, modules, st_config, common, causal[0])
     if architecture is None:
         raise ModelConfigError(
             "config_sentence_transformers.json says CrossEncoder, but config.json's "
@@ -755,17 +778,10 @@ def _cross_encoder(
     )
 
 
-_TEXT_GENERATION = {
-    "transformer_task": "text-generation",
-    "module_output_name": "causal_logits",
-}
-
-
 def _causal_cross_encoder(
     folder: Path,
     modules: list[dict[str, Any]] | None,
     st_config: Mapping[str, Any],
-    model_config: Mapping[str, Any],
     common: dict[str, Any],
     architecture: str,
 ) -> FolderSettings:
@@ -781,25 +797,9 @@ def _causal_cross_encoder(
             "then LogitScore (Qwen3-Reranker's form) only"
         )
     assert modules is not None
-    path = str(modules[0].get("path") or "")
-    if path not in ("", "."):
-        raise ModelConfigError(
-            f"modules.json puts the Transformer in {path!r}: this server loads the model from "
-            "the folder's root only"
-        )
-    transformer = _read_json(folder / "sentence_bert_config.json")
-    transformer = transformer if isinstance(transformer, dict) else {}
-    changing = sorted(
-        key for key, value in transformer.items() if key not in _TRANSFORMER_KEYS and value
+    _lowercase, length = _transformer_settings(  # the chat template's text as it is
+        folder, str(modules[0].get("path") or ""), text_generation=True
     )
-    found = {key: transformer.get(key) for key in _TEXT_GENERATION}
-    if changing or found != _TEXT_GENERATION:
-        raise ModelConfigError(
-            "sentence_bert_config.json: a causal-LM CrossEncoder's Transformer with "
-            f"{json.dumps(found)}{', and ' + ', '.join(changing) if changing else ''}: this "
-            f"server scores with {json.dumps(_TEXT_GENERATION)} and the tokenizer's own chat "
-            "template only"
-        )
     score_path = str(modules[1].get("path") or "1_LogitScore")
     relative = f"{score_path}/config.json"
     score = _required_json(folder / relative, relative)
@@ -824,13 +824,9 @@ def _causal_cross_encoder(
             "tokenizer_config.json's chat_template): sentence-transformers renders each "
             "(query, document) pair with it, and nothing else says how"
         )
-    length = transformer.get("max_seq_length")
-    activation = st_config.get("activation_fn")
-    if activation is not None and activation not in ACTIVATIONS:
-        raise ModelConfigError(
-            f"config_sentence_transformers.json: activation_fn {activation!r} is not one this "
-            f"server applies ({', '.join(sorted(ACTIVATIONS))})"
-        )
+    activation = _checked_activation(
+        st_config.get("activation_fn"), "config_sentence_transformers.json"
+    )
     kind = "its last token's logit of token " + (
         f"{true_id} less that of {false_id}" if false_id is not None else f"{true_id}"
     )
@@ -845,7 +841,7 @@ def _causal_cross_encoder(
         },
         activation=activation,
         labels=("LABEL_0",),
-        max_seq_length=length if isinstance(length, int) else None,
+        max_seq_length=length,
         logit_score=LogitScore(true_id, false_id),
     )
 
